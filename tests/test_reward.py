@@ -1,25 +1,22 @@
 import json
 import random
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import score_with_plain_peft
 from train.config import RewardModelConfig
 from train.errors import ModelError
 from train.reward import (
     METRICS_FILE,
     NORMALIZATION_FILE,
+    Normalization,
+    RewardModel,
     build_model,
     encode,
     encode_pairs,
     load_reward_model,
-    pairwise_accuracy,
-    raw_scores,
-    score,
     split_by_prompt,
     train_reward_model,
 )
@@ -99,7 +96,7 @@ def test_the_score_is_read_at_the_last_non_pad_token(tiny_model_dir):
     model.eval()
     prompts = ["Hi?", [{"role": "user", "content": "Name a colour."}], "Why?"]
     responses = ["apple", "green, like a river in the light", "because"]
-    batched = raw_scores(model, tokenizer, prompts, responses, batch_size=3)  # right-padded to the longest
+    batched = RewardModel(model, tokenizer, Normalization(0.0, 1.0), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
 
     classifier = model.get_base_model()
     pad = tokenizer.pad_token_id
@@ -152,6 +149,7 @@ def test_a_short_run_learns_a_toy_preference(trained, tiny_model_dir):
     assert metrics["truncated"] > 0  # long prompts were cut, and still every pair trained:
     assert metrics["steps"] == len(progress) == 4 * 4  # 30 pairs in batches of 8, four epochs
     assert [p["step"] for p in progress] == list(range(1, 17)) and {p["total_steps"] for p in progress} == {16}
+    assert all(0 <= p["accuracy"] <= 1 for p in progress) and progress[-1]["accuracy"] > progress[0]["accuracy"]
     assert metrics["eval_accuracy"] >= 0.9
     assert metrics["eval_mean_margin"] > 0
     assert metrics["train_loss_end"] < metrics["train_loss_start"]
@@ -172,58 +170,33 @@ def test_a_short_run_learns_a_toy_preference(trained, tiny_model_dir):
 
 def test_normalised_training_scores_have_mean_0_and_std_1(trained, tiny_model_dir):
     rows, train, held, metrics, out_dir, progress = trained
-    model, tokenizer, normalization = load_reward_model(str(tiny_model_dir), out_dir)
+    reward_model = load_reward_model(str(tiny_model_dir), out_dir)
+    assert reward_model.max_length == TRAIN_CONFIG.max_length
     assert json.loads((out_dir / NORMALIZATION_FILE).read_text()) == {"mean": metrics["reward_mean"], "std": metrics["reward_std"]}
     prompts = [r["prompt"] for r in train] * 2
     responses = [r["chosen"][0]["content"] for r in train] + [r["rejected"][0]["content"] for r in train]
-    scores = torch.tensor(score(model, tokenizer, normalization, prompts, responses, max_length=TRAIN_CONFIG.max_length))
+    scores = torch.tensor(reward_model.score(prompts, responses))
     assert scores.mean().item() == pytest.approx(0, abs=1e-4)
     assert scores.std(correction=0).item() == pytest.approx(1, abs=1e-4)
 
-    again = pairwise_accuracy(model, tokenizer, normalization, held, max_length=TRAIN_CONFIG.max_length)
+    scored = []
+    again = reward_model.pairwise_accuracy(held, batch_size=4, on_scored=scored.append)
     assert again.accuracy == metrics["eval_accuracy"] and again.pairs == len(held)
+    assert sum(scored) == 2 * len(held) and max(scored) == 4
     assert again.mean_margin == pytest.approx(metrics["eval_mean_margin"], abs=1e-4)
-
-
-PLAIN_SCRIPT = """
-import json, sys
-import torch
-from peft import PeftModel
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-base, adapter, cases = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
-tokenizer = AutoTokenizer.from_pretrained(adapter)
-model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
-model = PeftModel.from_pretrained(model, adapter).eval()
-norm = json.load(open(f"{adapter}/reward_normalization.json"))
-scores = []
-with torch.no_grad():
-    for prompt, response in cases:
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        ids = list(ids) + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        raw = model(input_ids=torch.tensor([ids])).logits.item()
-        scores.append({"raw": raw, "normalised": (raw - norm["mean"]) / norm["std"]})
-assert not any(name == "tether" or name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
-print(json.dumps(scores))
-"""
 
 
 def test_a_saved_reward_model_scores_the_same_in_a_fresh_process_with_plain_transformers_and_peft(trained, tiny_model_dir, tmp_path):
     rows, train, held, metrics, out_dir, progress = trained
-    cases = [(r["prompt"], r[side][0]["content"]) for r in held[:4] for side in ("chosen", "rejected")]
-    script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent(PLAIN_SCRIPT))
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir), str(out_dir)],
-        input=json.dumps(cases), capture_output=True, text=True, cwd=tmp_path, check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    plain = json.loads(result.stdout.splitlines()[-1])
+    reward_model = load_reward_model(str(tiny_model_dir), out_dir)
+    cases = [(r["prompt"], r[side][0]["content"]) for r in held[:4] + train[:4] for side in ("chosen", "rejected")]
+    full_lengths = [len(encode(reward_model.tokenizer, p, r, 10**6).input_ids) for p, r in cases]
+    assert sum(n > TRAIN_CONFIG.max_length for n in full_lengths) >= 2  # truncation is part of what must match
+    plain = score_with_plain_peft(tiny_model_dir, out_dir, cases, tmp_path)
 
-    model, tokenizer, normalization = load_reward_model(str(tiny_model_dir), out_dir)
     prompts, responses = [c[0] for c in cases], [c[1] for c in cases]
-    ours_raw = raw_scores(model, tokenizer, prompts, responses, batch_size=8)
-    ours = score(model, tokenizer, normalization, prompts, responses, batch_size=8)
+    ours_raw = reward_model.raw_scores(prompts, responses, batch_size=8)
+    ours = reward_model.score(prompts, responses, batch_size=8)
     assert [p["raw"] for p in plain] == pytest.approx(ours_raw, abs=1e-4)
     assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=1e-4)
 
@@ -241,6 +214,7 @@ def test_a_run_never_overwrites_a_reward_model(tiny_model_dir, tmp_path):
 def test_the_config_checks_its_values():
     assert RewardModelConfig().lora_target_modules() == "all-linear"
     assert RewardModelConfig(target_modules="q_proj, v_proj").lora_target_modules() == ["q_proj", "v_proj"]
-    for bad in ({"eval_share": 1.0}, {"lora_r": 0}, {"batch_size": 0}, {"target_modules": "q_proj,,v_proj"}, {"learning_rate": 0.0}):
+    for bad in ({"eval_share": 1.0}, {"lora_r": 0}, {"batch_size": 0}, {"target_modules": "q_proj,,v_proj"}, {"learning_rate": 0.0},
+                {"precision": "fp16"}):
         with pytest.raises(ValueError):
             RewardModelConfig(**bad)

@@ -9,10 +9,12 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from store import open_database
+import pytest
 from gradio_client import Client
 
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether
+from store import open_database
+
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft
 
 
 def toy_preferences(path: Path, n: int = 40) -> Path:
@@ -21,7 +23,7 @@ def toy_preferences(path: Path, n: int = 40) -> Path:
     return path
 
 
-def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project, tmp_path):
+def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project, tiny_model_dir, tmp_path):
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     refused = run_tether("rm", "train", "--project", str(tiny_project))
     assert refused.returncode == 1 and "no resolved comparisons" in refused.stderr  # imported data only on request
@@ -39,6 +41,9 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
     assert recorded[0] == 40 and (tiny_project / recorded[1]).exists()
     assert metrics["pairs_train"] + metrics["pairs_eval"] == 40 and metrics["truncated"] == 0
     assert (tiny_project / "reward_models" / "v1" / "adapter_config.json").exists()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        curves = con.execute("SELECT name, count(*) FROM metrics WHERE name IN ('loss', 'train_accuracy') GROUP BY name").fetchall()
+    assert dict(curves) == {"loss": metrics["steps"], "train_accuracy": metrics["steps"]}
 
     evaluated = run_tether("rm", "eval", "--data", str(tmp_path / "prefs.jsonl"), "--project", str(tiny_project))
     assert evaluated.returncode == 0, evaluated.stderr
@@ -50,9 +55,17 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
     assert scored.returncode == 0, scored.stderr
     assert scored.stdout.strip() == "stored rewards from reward model v1 on 6 completions"
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        rewards = con.execute("SELECT policy_version, reward FROM completions WHERE policy_version IS NOT NULL").fetchall()
+        rewards = con.execute(
+            "SELECT p.messages, c.text, c.reward FROM completions c JOIN prompts p ON p.id = c.prompt_id "
+            "WHERE c.policy_version IS NOT NULL ORDER BY c.id"
+        ).fetchall()
         imported = con.execute("SELECT count(reward) FROM completions WHERE policy_version IS NULL").fetchone()[0]
-    assert len(rewards) == 6 and all(r is not None for _, r in rewards) and imported == 0
+    assert len(rewards) == 6 and all(r is not None for *_, r in rewards) and imported == 0
+
+    # The stored rewards are what plain transformers + peft give from the saved version, in a fresh process.
+    cases = [(json.loads(messages), text) for messages, text, _ in rewards]
+    plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path)
+    assert [p["normalised"] for p in plain] == pytest.approx([r for *_, r in rewards], abs=1e-4)
 
 
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):

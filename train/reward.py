@@ -216,7 +216,11 @@ def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase) -> Pre
 
 
 class _ProgressCallback(TrainerCallback):
-    """Collects each optimiser step's loss and passes it on as {"step", "total_steps", "loss"}."""
+    """Collects each optimiser step's loss and passes on {"step", "total_steps", "loss", "accuracy"}.
+
+    accuracy is the share of the step's pairs whose chosen response scored higher: a noisy
+    training curve beside the loss, not the held-out figure.
+    """
 
     def __init__(self, on_progress: ProgressFn | None):
         self.on_progress = on_progress
@@ -226,7 +230,10 @@ class _ProgressCallback(TrainerCallback):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
             if self.on_progress is not None:
-                self.on_progress({"step": state.global_step, "total_steps": state.max_steps, "loss": float(logs["loss"])})
+                self.on_progress({
+                    "step": state.global_step, "total_steps": state.max_steps,
+                    "loss": float(logs["loss"]), "accuracy": float(logs["accuracy"]),
+                })
 
 
 def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_progress: ProgressFn | None) -> list[float]:
@@ -261,7 +268,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
             disable_tqdm=True,
             gradient_checkpointing=config.gradient_checkpointing,
             disable_dropout=False,  # TRL's default would silently zero lora_dropout
-            bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+            bf16=_uses_bf16(config.precision),
             use_cpu=not torch.cuda.is_available(),
         )
         trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
@@ -269,15 +276,28 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
         trainer.train()
+        # Mixed precision wraps model.forward in autocast; scoring must see the float32 model that loads later.
+        trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     model.eval()
     return progress.losses
 
 
-# 4. Scores and normalisation
+def _uses_bf16(precision: str) -> bool:
+    if precision != "auto":
+        return precision == "bf16"
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    # Without these instructions bf16 is emulated on a CPU, and slower than fp32.
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+# 4. Scores, normalisation and evaluation
 
 
 @torch.inference_mode()
-def _raw_scores(model, pad_token_id: int, sequences: list[list[int]], batch_size: int) -> list[float]:
+def _raw_scores(
+    model, pad_token_id: int, sequences: list[list[int]], batch_size: int, on_scored: Callable[[int], None] | None = None
+) -> list[float]:
     """The head's output at each sequence's last token, in sequence order.
 
     Batches hold sequences of like length (longest first) to spend little on padding; they are
@@ -292,6 +312,8 @@ def _raw_scores(model, pad_token_id: int, sequences: list[list[int]], batch_size
         logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
         for i, value in zip(batch, logits[:, 0].float().tolist()):
             scores[i] = value
+        if on_scored is not None:
+            on_scored(len(batch))
     return scores
 
 
@@ -312,60 +334,48 @@ def normalization_of(raw: list[float]) -> Normalization:
     return Normalization(mean=mean, std=std if std > 0 else 1.0)
 
 
-def raw_scores(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[Messages | str],
-    responses: list[str],
-    batch_size: int = 16,
-    max_length: int = 512,
-) -> list[float]:
-    """The reward model's raw score of each response to its prompt, before normalisation."""
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    if not prompts:
-        return []
-    sequences = [encode(tokenizer, p, r, max_length).input_ids for p, r in zip(prompts, responses)]
-    return _raw_scores(model, tokenizer.pad_token_id, sequences, batch_size)
+@dataclass
+class RewardModel:
+    """A reward model ready to score: the classifier, its tokenizer, its offsets and its training max_length."""
 
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    normalization: Normalization
+    max_length: int  # sequences are truncated as in training, or the scores would not be the trained ones
 
-def score(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    normalization: Normalization,
-    prompts: list[Messages | str],
-    responses: list[str],
-    batch_size: int = 16,
-    max_length: int = 512,
-) -> list[float]:
-    """Normalised scores, (raw - mean) / std, tokenised and truncated as in training."""
-    return [normalization.apply(r) for r in raw_scores(model, tokenizer, prompts, responses, batch_size, max_length)]
+    def raw_scores(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[float]:
+        """The score of each response to its prompt, before normalisation."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        if not prompts:
+            return []
+        sequences = [encode(self.tokenizer, p, r, self.max_length).input_ids for p, r in zip(prompts, responses)]
+        return _raw_scores(self.model, self.tokenizer.pad_token_id, sequences, batch_size)
 
+    def score(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[float]:
+        """Normalised scores, (raw - mean) / std: comparable across reward-model versions."""
+        return [self.normalization.apply(r) for r in self.raw_scores(prompts, responses, batch_size)]
 
-# 5. Evaluate
+    def pairwise_accuracy(
+        self, rows: list[PreferenceRow], batch_size: int = 16, on_scored: Callable[[int], None] | None = None
+    ) -> PairwiseResult:
+        """How often the chosen response scores above the rejected one; a tie counts as wrong.
 
-
-def pairwise_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    normalization: Normalization,
-    rows: list[PreferenceRow],
-    batch_size: int = 16,
-    max_length: int = 512,
-) -> PairwiseResult:
-    """How often the reward model scores the chosen response above the rejected one; a tie counts as wrong."""
-    if not rows:
-        return PairwiseResult(accuracy=None, mean_margin=None, pairs=0, truncated=0)
-    encoded = encode_pairs(tokenizer, rows, max_length)
-    raw = _raw_scores(model, tokenizer.pad_token_id, encoded.chosen_ids + encoded.rejected_ids, batch_size)
-    chosen, rejected = raw[: len(rows)], raw[len(rows) :]
-    margins = [(c - r) / normalization.std for c, r in zip(chosen, rejected)]
-    return PairwiseResult(
-        accuracy=sum(m > 0 for m in margins) / len(rows),
-        mean_margin=sum(margins) / len(rows),
-        pairs=len(rows),
-        truncated=encoded.truncated,
-    )
+        on_scored, if given, is called with the number of sequences scored after each batch (two per pair).
+        """
+        if not rows:
+            return PairwiseResult(accuracy=None, mean_margin=None, pairs=0, truncated=0)
+        encoded = encode_pairs(self.tokenizer, rows, self.max_length)
+        sequences = encoded.chosen_ids + encoded.rejected_ids
+        raw = _raw_scores(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored)
+        chosen, rejected = raw[: len(rows)], raw[len(rows) :]
+        margins = [(c - r) / self.normalization.std for c, r in zip(chosen, rejected)]
+        return PairwiseResult(
+            accuracy=sum(m > 0 for m in margins) / len(rows),
+            mean_margin=sum(margins) / len(rows),
+            pairs=len(rows),
+            truncated=encoded.truncated,
+        )
 
 
 # The whole run, and loading
@@ -399,7 +409,7 @@ def train_reward_model(
 
     raw = _raw_scores(model, tokenizer.pad_token_id, encoded.chosen_ids + encoded.rejected_ids, config.batch_size * 2)
     normalization = normalization_of(raw)
-    held_out = pairwise_accuracy(model, tokenizer, normalization, eval_rows, config.batch_size * 2, config.max_length)
+    held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(eval_rows, config.batch_size * 2)
 
     tail = max(1, len(losses) // 10)  # the first and last tenth of the steps show whether the loss moved
     metrics = {
@@ -440,13 +450,13 @@ def _save(model, tokenizer, normalization: Normalization, metrics: dict[str, Any
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load_reward_model(
-    model_path: str, adapter_dir: Path, device: str | torch.device = "cpu"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Normalization]:
-    """A saved reward model in eval mode, its tokenizer and its normalisation offsets."""
+def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu") -> RewardModel:
+    """A saved reward model, in eval mode, on the base model at model_path."""
     from peft import PeftModel
 
+    adapter_dir = Path(adapter_dir)
     tokenizer = _load_tokenizer(adapter_dir)
     model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer), adapter_dir)
-    normalization = Normalization(**json.loads((Path(adapter_dir) / NORMALIZATION_FILE).read_text()))
-    return model.to(device).eval(), tokenizer, normalization
+    normalization = Normalization(**json.loads((adapter_dir / NORMALIZATION_FILE).read_text()))
+    max_length = json.loads((adapter_dir / METRICS_FILE).read_text())["config"]["max_length"]
+    return RewardModel(model.to(device).eval(), tokenizer, normalization, max_length)

@@ -72,18 +72,17 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
 def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Score the frozen completions with a reward model; write scores.parquet (normalised rewards)."""
     from train.models import resolve_model_path
-    from train.reward import load_reward_model, score
+    from train.reward import load_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = pq.read_table(input_path(job_dir, "completions")).to_pylist()
-    model, tokenizer, normalization = load_reward_model(resolve_model_path(config["model"]["name_or_path"]), Path(config["adapter_path"]))
+    reward_model = load_reward_model(resolve_model_path(config["model"]["name_or_path"]), Path(config["adapter_path"]))
     events.emit("started", total=len(rows))
     rewards = []
     step = reward.batch_size * 8  # report progress every few batches
     for start in range(0, len(rows), step):
         chunk = rows[start : start + step]
-        rewards += score(model, tokenizer, normalization, [json.loads(r["prompt"]) for r in chunk], [r["text"] for r in chunk],
-                         reward.batch_size * 2, reward.max_length)
+        rewards += reward_model.score([json.loads(r["prompt"]) for r in chunk], [r["text"] for r in chunk], reward.batch_size * 2)
         events.emit("progress", done=len(rewards), total=len(rows), progress=len(rewards) / len(rows))
     table = pa.Table.from_pylist([{"completion_id": r["completion_id"], "reward": v} for r, v in zip(rows, rewards)])
     pq.write_table(table, job_dir / "scores.parquet")

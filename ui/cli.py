@@ -184,23 +184,21 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
         tether rm eval --data held-out.jsonl --project demo
     """
     from train.models import resolve_model_path
-    from train.reward import load_reward_model, pairwise_accuracy
+    from train.reward import load_reward_model
 
     project = load_project(project_dir)
-    reward_model = project.run(get_reward_model, version)
+    version_row = project.run(get_reward_model, version)
     rows = [
         {"prompt": p.prompt.messages, "chosen": [{"role": "assistant", "content": p.chosen}], "rejected": [{"role": "assistant", "content": p.rejected}]}
         for p in read_preference_file(data_file)
     ]
     if not rows:
         raise click.ClickException(f"{data_file} holds no preference pairs")
-    model, tokenizer, normalization = load_reward_model(
-        resolve_model_path(project.config.model.name_or_path), project.root / reward_model.adapter_path
-    )
-    config = project.config.reward_model
-    result = pairwise_accuracy(model, tokenizer, normalization, rows, config.batch_size * 2, config.max_length)
+    reward_model = load_reward_model(resolve_model_path(project.config.model.name_or_path), project.root / version_row.adapter_path)
+    with tqdm(total=2 * len(rows), unit="response", desc="scoring", file=sys.stderr) as bar:
+        result = reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=bar.update)
     click.echo(
-        f"reward model v{reward_model.version} on {data_file}: accuracy {_share(result.accuracy)} over {result.pairs} pairs, "
+        f"reward model v{version_row.version} on {data_file}: accuracy {_share(result.accuracy)} over {result.pairs} pairs, "
         f"mean margin {result.mean_margin:.3f} ({result.truncated} truncated)"
     )
 

@@ -131,11 +131,11 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
     # registered version without its files.
     (directory / result["adapter"]).rename(project.root / target)
     metrics = result["metrics"]
-    losses = [e for e in read_events(directory, 0)[0] if "loss" in e]
+    steps = [e for e in read_events(directory, 0)[0] if "loss" in e]
     with transaction(con):
         add_reward_model(con, version, read_job(directory)["inputs"]["preferences"], str(target), {**metrics, "job": job.id})
-        for event in losses:
-            add_metrics(con, job.id, event["step"], {"loss": event["loss"]})
+        for event in steps:
+            add_metrics(con, job.id, event["step"], {"loss": event["loss"], "train_accuracy": event["accuracy"]})
         add_metrics(con, job.id, metrics.get("steps", 0), {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         finish_job(con, job.id, "done", utcnow())
 
