@@ -23,7 +23,7 @@ OPERATOR_CALLS = {
     "/export": ("jsonl", False, 0),
     "/train_reward_model": (True,),
     "/score_completions": (),
-    "/reward_models": (),
+    "/reward_models": (None,),
 }
 
 

@@ -110,8 +110,10 @@ def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_pro
         assert job[2] == "done", job
         assert len(seen - {"0%"}) >= 2  # progress moved while the annotator voted
         assert votes >= 5
-        versions, loss = operator.predict(api_name="/reward_models")
-        assert versions["data"][0][0] == 1
-        assert len(loss["data"]) >= 2  # one loss point per logged step
+        versions, run, curves = operator.predict(None, api_name="/reward_models")
+        assert versions["data"][0][0] == 1 and run["value"] == 1
+        steps = {curve: [row[0] for row in curves["data"] if row[2] == curve] for curve in ("loss", "batch accuracy")}
+        assert steps["loss"] == steps["batch accuracy"] == list(range(1, len(steps["loss"]) + 1))  # one point per step
+        assert len(steps["loss"]) >= 2
     finally:
         server.stop()

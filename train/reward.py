@@ -268,7 +268,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
             disable_tqdm=True,
             gradient_checkpointing=config.gradient_checkpointing,
             disable_dropout=False,  # TRL's default would silently zero lora_dropout
-            bf16=_uses_bf16(config.precision),
+            bf16=uses_bf16(config.precision),
             use_cpu=not torch.cuda.is_available(),
         )
         trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
@@ -282,7 +282,8 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
     return progress.losses
 
 
-def _uses_bf16(precision: str) -> bool:
+def uses_bf16(precision: str) -> bool:
+    """Whether RewardModelConfig.precision means bfloat16 autocast on this machine."""
     if precision != "auto":
         return precision == "bf16"
     if torch.cuda.is_available():

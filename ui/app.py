@@ -259,8 +259,8 @@ class Handlers:
             job = submit_scoring(self.server.project, self.server.db)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
-    def reward_models(self, request: gr.Request) -> tuple:
-        """The versions with their metrics, and the training loss of the newest."""
+    def reward_models(self, run: int | None, request: gr.Request) -> tuple:
+        """The versions with their metrics, and the training curves of one run (the newest unless chosen)."""
         self.server.operator(request)
         versions = self.server.db(list_reward_models)
         table = [
@@ -269,9 +269,13 @@ class Handlers:
              _round(rm.metrics.get("pairs_per_second"), 2), rm.snapshot[:12]]
             for rm in versions
         ]
-        loss = self.server.db(metric_series, versions[0].metrics["job"], "loss") if versions else []
-        plot = {"step": [step for step, _ in loss], "loss": [value for _, value in loss]}
-        return table, pd.DataFrame(plot)
+        shown = next((rm for rm in versions if rm.version == run), versions[0] if versions else None)
+        curves = []
+        if shown is not None:
+            for name, label in (("loss", "loss"), ("train_accuracy", "batch accuracy")):
+                curves += [{"step": step, "value": value, "curve": label} for step, value in self.server.db(metric_series, shown.metrics["job"], name)]
+        choice = gr.update(choices=[rm.version for rm in versions], value=shown.version if shown else None)
+        return table, choice, pd.DataFrame(curves, columns=["step", "value", "curve"])
 
     def export_data(self, fmt: str, include_ties: bool, min_agreement: float, request: gr.Request) -> str:
         self.server.operator(request)
@@ -392,10 +396,13 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
             headers=["version", "held-out accuracy", "train pairs", "held-out pairs", "truncated", "reward mean", "reward std", "pairs/s", "snapshot"],
             label="Reward-model versions, newest first", interactive=False,
         )
-        loss = gr.LinePlot(x="step", y="loss", title="Training loss of the newest version")
+        with gr.Row():
+            run = gr.Dropdown(label="Training run of version", choices=[], scale=1)
+            curves = gr.LinePlot(x="step", y="value", color="curve", title="Training loss and batch accuracy per step", scale=4)
         train.click(handlers.train_reward_model, inputs=[include_imported], outputs=[queued], api_name="train_reward_model", api_visibility="undocumented")
         score.click(handlers.score_completions, outputs=[queued], api_name="score_completions", api_visibility="undocumented")
-        refresh_models.click(handlers.reward_models, outputs=[versions, loss], api_name="reward_models", api_visibility="undocumented")
+        refresh_models.click(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_name="reward_models", api_visibility="undocumented")
+        run.input(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_visibility="undocumented")
     with gr.Tab("Jobs"):
         jobs = gr.Dataframe(headers=["job", "kind", "status", "progress", "created", "error"], label="Jobs, newest first", interactive=False)
         with gr.Row():
