@@ -112,3 +112,52 @@ class RewardModelConfig:
         if self.target_modules.strip().lower() == "all-linear":
             return "all-linear"
         return [name.strip() for name in self.target_modules.split(",")]
+
+
+@dataclass
+class PPOConfig:
+    """PPO on the policy's LoRA adapter, after InstructGPT and "The N implementation details of RLHF with PPO"."""
+
+    steps: int = field(default=20, metadata={"help": "PPO steps: each samples a batch of responses and updates on it."})
+    batch_size: int = field(default=16, metadata={"help": "Prompts sampled per step, one response each."})
+    minibatch_size: int = field(default=4, metadata={"help": "Responses per gradient step within a batch."})
+    epochs: int = field(default=4, metadata={"help": "Passes over each batch (K in the PPO paper)."})
+    learning_rate: float = field(default=3e-5, metadata={"help": "AdamW learning rate of the policy and value adapters."})
+    max_new_tokens: int = field(default=64, metadata={"help": "Longest response sampled during PPO, in tokens."})
+    temperature: float = field(
+        default=0.7,
+        metadata={"help": "Sampling temperature. The loss divides the logits by it too, so the probabilities PPO "
+                          "optimises are the ones it sampled from."},
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank of the policy adapter (the value adapter copies the reward model's)."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of the policy adapter."})
+    kl_coef: float = field(default=0.05, metadata={"help": "Starting beta of the per-token KL penalty -beta * (log pi - log pi_ref)."})
+    target_kl: float = field(
+        default=6.0,
+        metadata={"help": "KL to the reference (nats per response) the adaptive beta steers towards; 0 keeps beta fixed."},
+    )
+    kl_horizon: int = field(default=10000, metadata={"help": "Responses over which the adaptive beta moves towards the target (Ziegler et al.)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of GAE; 1 for a reward that comes only at the end."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE: bias against variance of the advantages."})
+    clip_range: float = field(default=0.2, metadata={"help": "PPO's clip on the probability ratio."})
+    clip_range_value: float = field(default=0.2, metadata={"help": "Clip on how far a value moves from its rollout value."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss beside the policy loss."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip of each update."})
+    missing_eos_penalty: float = field(
+        default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
+    )
+    length_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the score per response token; 0 turns it off."})
+    seed: int = field(default=0, metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation."})
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "lora_r", "lora_alpha", "kl_horizon"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.batch_size % self.minibatch_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be more than 0 (PPO samples), got {self.temperature}")
+        if self.learning_rate <= 0 or self.kl_coef < 0 or self.target_kl < 0:
+            raise ValueError("learning_rate must be more than 0, and kl_coef and target_kl at least 0")
+        if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"gamma must be in (0, 1] and lam in [0, 1], got {self.gamma} and {self.lam}")

@@ -56,7 +56,7 @@ def generate(
         (i for i in range(len(prompts)) for _ in range(config.per_prompt)),
         key=lambda i: -len(encoded[i]),
     )
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = end_of_turn_ids(model, tokenizer)
     results: list[Generated] = []
     with tqdm(total=len(jobs), desc="generating", unit="completion", disable=not progress) as bar:
         for start in range(0, len(jobs), config.batch_size):
@@ -96,7 +96,7 @@ def _generate_batch(model, tokenizer, prompt_indices, input_ids, config, eos_ids
     return results
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def end_of_turn_ids(model, tokenizer) -> set[int]:
     """Every token that ends a turn: the tokenizer's EOS and any the model's generation config adds."""
     configured = model.generation_config.eos_token_id
     ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])

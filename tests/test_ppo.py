@@ -1,0 +1,227 @@
+"""PPO on the tiny model: the recipe's invariants, and learning on a toy reward."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from train.config import PPOConfig, RewardModelConfig
+from train.generate import end_of_turn_ids
+from train.ppo import (
+    AdaptiveKL,
+    add_advantages,
+    add_rewards,
+    build,
+    evaluate,
+    load_normalization,
+    ppo_step,
+    response_logprobs,
+    sample,
+    train_ppo,
+)
+from train.reward import NORMALIZATION_FILE, build_model
+
+PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
+
+
+def load(path):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+@pytest.fixture(scope="module")
+def peaked_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with a sharpened LM head, so its first tokens are a handful of likely ones PPO can see often."""
+    model, tokenizer = load(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    path = tmp_path_factory.mktemp("peaked")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
+    """(V,) the mean over PROMPTS of the policy's distribution of the first response token."""
+    model, tokenizer = load(model_dir)
+    if policy_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, policy_dir)
+    ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
+    batch = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+    positions = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(**batch, position_ids=positions).logits[:, -1]
+    return logits.softmax(-1).mean(0)
+
+
+def token_reward_model(model_dir, token_id: int, out_dir, scale: float = 8.0):
+    """A reward model that favours one token: no LoRA change, and a head along that token's
+    normalised embedding. In the residual stream of a 2-layer model the last hidden state
+    still points mostly along the last token's embedding, so the score peaks at that token."""
+    model, tokenizer = build_model(str(model_dir), RewardModelConfig())
+    with torch.no_grad():
+        embedding = model.get_base_model().model.embed_tokens.weight[token_id]
+        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * embedding / embedding.norm())
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def favoured(peaked_model_dir, tmp_path_factory):
+    """(token, reward_dir): the policy's third-likeliest first token, and a reward model that favours it."""
+    probs = first_token_probs(peaked_model_dir)
+    token = probs.topk(3).indices[2].item()
+    return token, token_reward_model(peaked_model_dir, token, tmp_path_factory.mktemp("rm-token"))
+
+
+@pytest.fixture
+def wrapped(peaked_model_dir, favoured):
+    model, tokenizer = load(peaked_model_dir)
+    config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
+    return build(model, favoured[1], config), tokenizer, config, load_normalization(favoured[1])
+
+
+def one_step(wrapped, beta=0.1):
+    model, tokenizer, config, normalization = wrapped
+    optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if ".policy." in n or ".value." in n or n.startswith("value_head")], lr=config.learning_rate)
+    return ppo_step(model, tokenizer, normalization, optimizer, PROMPTS * 4, config, AdaptiveKL(beta, 0, 1),
+                    end_of_turn_ids(model.peft_model, tokenizer), torch.Generator().manual_seed(0))
+
+
+def test_the_toy_reward_model_favours_its_token(peaked_model_dir, favoured, wrapped):
+    token, _ = favoured
+    model, tokenizer, config, normalization = wrapped
+    from train.ppo import reward_scores
+
+    query = tokenizer.pad({"input_ids": [tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]] * 50}, return_tensors="pt")
+    candidates = first_token_probs(peaked_model_dir).topk(50).indices
+    scores = reward_scores(model, normalization, query["input_ids"], query["attention_mask"], candidates[:, None], torch.ones(50, 1, dtype=torch.long))
+    assert candidates[scores.argmax()].item() == token
+
+
+def test_at_step_0_the_policy_is_the_reference_and_kl_is_0(wrapped):
+    stats, rollout = one_step(wrapped)
+    assert torch.equal(rollout.logprobs, rollout.ref_logprobs)
+    assert stats["kl"] == 0.0
+    assert stats["first_clip_fraction"] == 0.0  # the first minibatch of the first epoch sees the rollout's own policy
+
+
+def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapped):
+    model, tokenizer, config, normalization = wrapped
+    batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
+    args = batch[:4]
+    with model.peft_model.disable_adapter():
+        before = response_logprobs(model, *args, config.temperature).detach()
+    policy_before = response_logprobs(model, *args, config.temperature).detach()
+    one_step(wrapped)
+    with model.peft_model.disable_adapter():
+        after = response_logprobs(model, *args, config.temperature).detach()
+    assert torch.equal(before, after)
+    assert not torch.allclose(policy_before, response_logprobs(model, *args, config.temperature).detach())
+
+
+def test_rewards_are_the_kl_penalty_per_token_and_the_score_on_the_last_token_only(wrapped):
+    model, tokenizer, config, normalization = wrapped
+    one_step(wrapped)  # the policy moves away from the reference, so the KL is not 0
+    batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
+    rollout, _ = evaluate(model, normalization, batch, config)
+    beta = 0.5
+    kl = add_rewards(rollout, beta)
+    mask = rollout.response_mask.bool()
+    assert kl.abs().sum() > 0
+    last = torch.zeros_like(mask)
+    last[torch.arange(len(last)), rollout.response_mask.sum(1) - 1] = True
+    penalty = rollout.rewards - last * rollout.scores[:, None]
+    assert torch.allclose(penalty, -beta * kl)
+    # The sign: where the policy likes a token more than the reference, its reward goes down.
+    assert (penalty[kl > 0] < 0).all() and (penalty[kl < 0] > 0).all()
+    assert (rollout.rewards[~mask] == 0).all()
+
+    without_kl = add_rewards(rollout, 0.0)
+    assert (rollout.rewards[~last] == 0).all() and torch.equal(rollout.rewards[last], rollout.scores)
+    assert without_kl.shape == rollout.rewards.shape
+
+
+def test_gae_with_lambda_1_is_the_return_minus_the_value():
+    from train.ppo import Rollout
+
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    rollout = Rollout(None, None, None, response_mask=mask, logprobs=None, ref_logprobs=None, values=values * mask, scores=None, finished=None)
+    rollout.rewards = rewards
+    add_advantages(rollout, gamma=1.0, lam=1.0)
+    expected = torch.tensor([[0.5, 0.8, 0.9], [1.7, 1.6, 0.0]])  # reward-to-go minus V
+    assert torch.allclose(rollout.returns, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
+    valid = expected[mask.bool()]
+    assert torch.allclose(rollout.advantages[mask.bool()], (valid - valid.mean()) / valid.std(correction=0), atol=1e-5)
+
+
+def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapped):
+    model, tokenizer, config, normalization = wrapped
+    batch = sample(model, tokenizer, PROMPTS, config, end_of_turn_ids(model.peft_model, tokenizer))
+    query_ids, query_mask, response_ids, response_mask, _ = batch
+    together = response_logprobs(model, *batch[:4], 0.7)
+    for i in range(2):
+        real = query_mask[i].bool()
+        alone = response_logprobs(model, query_ids[i : i + 1, real], query_mask[i : i + 1, real], response_ids[i : i + 1], response_mask[i : i + 1], 0.7)
+        n = response_mask[i].sum()
+        assert torch.allclose(together[i, :n], alone[0, :n], atol=1e-5)
+    ids = torch.cat([query_ids, response_ids], 1)
+    mask = torch.cat([query_mask, response_mask], 1)
+    logits = model.logits(ids, mask, keep=response_ids.shape[1] + 1)[:, :-1]
+    manual = (logits / 0.7).log_softmax(-1).gather(-1, response_ids[..., None])[..., 0]
+    assert torch.allclose(together, manual, atol=1e-6)
+
+
+def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favoured, tmp_path):
+    token, reward_dir = favoured
+    before = first_token_probs(peaked_model_dir)[token].item()
+    model, tokenizer = load(peaked_model_dir)
+    config = PPOConfig(steps=12, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-3,
+                       kl_coef=0.01, target_kl=0, missing_eos_penalty=0.0, seed=1)
+    steps = []
+    result = train_ppo(model, tokenizer, PROMPTS, reward_dir, config, tmp_path / "policy", on_step=steps.append)
+    after = first_token_probs(peaked_model_dir, tmp_path / "policy")[token].item()
+    assert after > 2 * before, (before, after, [round(s["score"], 2) for s in steps])
+    scores = [s["score"] for s in result["steps"]]
+    assert sum(scores[-3:]) / 3 > sum(scores[:3]) / 3
+    assert [s["step"] for s in steps] == list(range(1, 13)) and all(len(s["samples"]) == 3 for s in steps)
+    for name in ("score", "kl", "entropy", "clip_fraction", "approx_kl", "value_loss", "response_length", "beta"):
+        assert all(isinstance(s[name], float) for s in steps), name
+
+
+PLAIN_GENERATE = """
+import sys
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+base, adapter = sys.argv[1], sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(base)
+model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+ids = tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+out = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+assert not any(name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
+print(out.shape[1] - ids["input_ids"].shape[1])
+"""
+
+
+def test_the_saved_policy_loads_with_plain_peft_and_generates(peaked_model_dir, favoured, tmp_path):
+    model, tokenizer = load(peaked_model_dir)
+    config = PPOConfig(steps=1, batch_size=4, minibatch_size=2, max_new_tokens=3)
+    train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "policy")
+    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors", "ppo_config.json"]
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(PLAIN_GENERATE))
+    result = subprocess.run([sys.executable, str(script), str(peaked_model_dir), str(tmp_path / "policy")],
+                            capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) >= 1

@@ -1,0 +1,419 @@
+"""PPO on a LoRA policy with a KL tether to the starting model.
+
+After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF with PPO"
+(Huang et al. 2024). One base model holds three LoRA adapters (PEFT named adapters):
+- `policy`, the adapter PPO trains, with the base's own language-model head;
+- `value`, an adapter plus a scalar head, both started from the reward model and trained too;
+- `reward`, the reward model's adapter and head, frozen.
+The reference policy is the base with the adapters disabled, so the tether costs no extra weights.
+
+Each step, in the order `ppo_step` runs it:
+1. rollout: sample one response per prompt from the policy at `temperature`;
+2. evaluate: the policy's and the reference's log-probs, the values, and the reward model's
+   normalised score of each response, minus the missing-EOS and length penalties;
+3. rewards: -beta * (log pi - log pi_ref) on every response token, plus the score on the last;
+4. advantages: GAE (gamma, lambda), whitened over the batch's response tokens;
+5. update: `epochs` passes over minibatches of the clipped policy loss and vf_coef times the
+   clipped value loss;
+6. beta moves towards `target_kl` (Ziegler et al. 2019), unless target_kl is 0.
+
+Tensors are (B, R) over response tokens unless named otherwise: B responses, R the longest.
+"""
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from train.config import PPOConfig
+from train.errors import ModelError
+from train.generate import end_of_turn_ids
+from train.reward import NORMALIZATION_FILE, Normalization
+
+Messages = list[dict[str, str]]
+StepFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses and everything PPO computed on it before the update."""
+
+    query_ids: torch.Tensor  # (B, P) prompts, left-padded
+    query_mask: torch.Tensor  # (B, P)
+    response_ids: torch.Tensor  # (B, R) pad after the end
+    response_mask: torch.Tensor  # (B, R) 1 on response tokens, the closing EOS included
+    logprobs: torch.Tensor  # (B, R) log pi(token) at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, R) the same under the reference
+    values: torch.Tensor  # (B, R) V(state before each token)
+    scores: torch.Tensor  # (B,) normalised reward-model score, penalties applied
+    finished: torch.Tensor  # (B,) bool: ended with EOS
+    rewards: torch.Tensor | None = None  # (B, R) per-token reward, filled by add_rewards
+    advantages: torch.Tensor | None = None  # (B, R)
+    returns: torch.Tensor | None = None  # (B, R)
+
+
+class PolicyWithHeads(nn.Module):
+    """The base model with the policy, value and reward adapters, and the two scalar heads."""
+
+    def __init__(self, peft_model, value_head: nn.Linear, reward_head: nn.Linear):
+        super().__init__()
+        self.peft_model = peft_model
+        self.value_head = value_head
+        self.reward_head = reward_head
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The transformer without its LM head; LoRA layers inside it follow the active adapter."""
+        return self.peft_model.get_base_model().base_model
+
+    def logits(self, input_ids, attention_mask, keep: int) -> torch.Tensor:
+        """(B, keep, V) next-token logits at the last `keep` positions, under the active adapter."""
+        return self.peft_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), logits_to_keep=keep
+        ).logits
+
+    def hidden(self, input_ids, attention_mask) -> torch.Tensor:
+        """(B, T, H) last hidden states under the active adapter."""
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).last_hidden_state
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: a left-padded sequence sees the positions it would unpadded."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+# Building the model
+
+
+def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_dir: Path | None = None) -> PolicyWithHeads:
+    """Put the three adapters and two heads on `model` (a causal LM, left unchanged otherwise).
+
+    The policy starts from policy_dir when given (PPO continues a policy version), else fresh
+    (its LoRA B is zero, so it starts equal to the reference). The value adapter and head start
+    as copies of the reward model's, as in InstructGPT.
+    """
+    from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+    reward_config = LoraConfig.from_pretrained(str(reward_dir))
+    reward_config.task_type, reward_config.modules_to_save, reward_config.lora_dropout = "CAUSAL_LM", None, 0.0
+    reward_config.inference_mode = False
+    if policy_dir is not None:
+        peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
+    else:
+        torch.manual_seed(config.seed)
+        policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                   target_modules=reward_config.target_modules)
+        peft_model = get_peft_model(model, policy_config, adapter_name="policy")
+    weights = load_file(str(reward_dir / "adapter_model.safetensors"))
+    head_key = next((k for k in weights if k.endswith("score.weight")), None)
+    if head_key is None:
+        raise ModelError(f"{reward_dir} is not a reward model: it has no score head")
+    lora_weights = {k: v for k, v in weights.items() if "lora_" in k}
+    for name in ("value", "reward"):
+        peft_model.add_adapter(name, reward_config)
+        set_peft_model_state_dict(peft_model, lora_weights, adapter_name=name)
+    hidden_size, dtype = weights[head_key].shape[1], weights[head_key].dtype
+    heads = []
+    for _ in range(2):
+        head = nn.Linear(hidden_size, 1, bias=False, dtype=dtype)
+        head.weight.data.copy_(weights[head_key])
+        heads.append(head)
+    value_head, reward_head = heads
+    reward_head.requires_grad_(False)
+    peft_model.set_adapter("policy")
+    return PolicyWithHeads(peft_model, value_head, reward_head).to(next(model.parameters()).device).eval()
+
+
+def load_normalization(reward_dir: Path) -> Normalization:
+    return Normalization(**json.loads((reward_dir / NORMALIZATION_FILE).read_text()))
+
+
+# 1. Rollout
+
+
+@torch.no_grad()
+def sample(model: PolicyWithHeads, tokenizer, prompts: list[Messages], config: PPOConfig, eos_ids: set[int]):
+    """(query_ids, query_mask, response_ids, response_mask, finished) for one response per prompt."""
+    encoded = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for m in prompts]
+    query = tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt")  # left padding
+    device = next(model.parameters()).device
+    query_ids, query_mask = query["input_ids"].to(device), query["attention_mask"].to(device)
+    model.peft_model.set_adapter("policy")
+    # top_k=0 and top_p=1: the sample must come from exactly the distribution the loss scores.
+    output = model.peft_model.generate(
+        input_ids=query_ids, attention_mask=query_mask, do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0,
+        max_new_tokens=config.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos_ids),
+    )
+    response_ids = output[:, query_ids.shape[1] :]  # (B, R)
+    is_eos = torch.isin(response_ids, torch.tensor(sorted(eos_ids), device=device))
+    finished = is_eos.any(dim=1)
+    # The response runs through its first EOS; generate pads after it, but the mask must not trust the pad id.
+    first_eos = torch.where(finished, is_eos.float().argmax(dim=1), torch.full_like(finished, response_ids.shape[1], dtype=torch.long))
+    lengths = torch.where(finished, first_eos + 1, first_eos)
+    response_mask = (torch.arange(response_ids.shape[1], device=device)[None, :] < lengths[:, None]).long()
+    response_ids = response_ids.masked_fill(response_mask == 0, tokenizer.pad_token_id)
+    return query_ids, query_mask, response_ids, response_mask, finished
+
+
+# 2. Evaluate
+
+
+def response_logprobs(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask, temperature: float, with_entropy=False):
+    """Log-probs (B, R) of the response tokens under the active adapter, at the sampling temperature,
+    and, when asked, the entropy (B, R) of each next-token distribution."""
+    input_ids = torch.cat([query_ids, response_ids], dim=1)  # (B, P + R)
+    attention_mask = torch.cat([query_mask, response_mask], dim=1)
+    width = response_ids.shape[1]
+    logits = model.logits(input_ids, attention_mask, keep=width + 1)[:, :-1] / temperature  # (B, R, V): each predicts the next token
+    logprobs_all = F.log_softmax(logits.float(), dim=-1)
+    logprobs = logprobs_all.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logprobs
+    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+    return logprobs, entropy
+
+
+def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
+    """V (B, R) of the state before each response token, from the value adapter and head."""
+    model.peft_model.set_adapter("value")
+    try:
+        hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
+        width = response_ids.shape[1]
+        return model.value_head(hidden[:, -width - 1 : -1]).squeeze(-1).float()
+    finally:
+        model.peft_model.set_adapter("policy")
+
+
+@torch.no_grad()
+def reward_scores(model: PolicyWithHeads, normalization: Normalization, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
+    """(B,) normalised reward-model score, read at each response's last token as in reward-model training."""
+    model.peft_model.set_adapter("reward")
+    try:
+        hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
+    finally:
+        model.peft_model.set_adapter("policy")
+    last = query_ids.shape[1] + response_mask.sum(dim=1) - 1  # (B,) index of each response's last token
+    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
+    return (raw - normalization.mean) / normalization.std
+
+
+@torch.no_grad()
+def evaluate(model: PolicyWithHeads, normalization: Normalization, batch: tuple, config: PPOConfig) -> tuple[Rollout, torch.Tensor]:
+    """The rollout of a sampled batch, and the entropy (B, R) of the policy along it."""
+    query_ids, query_mask, response_ids, response_mask, finished = batch
+    args = (query_ids, query_mask, response_ids, response_mask)
+    logprobs, entropy = response_logprobs(model, *args, config.temperature, with_entropy=True)
+    with model.peft_model.disable_adapter():
+        ref_logprobs = response_logprobs(model, *args, config.temperature)
+    values = response_values(model, *args)
+    scores = reward_scores(model, normalization, *args)
+    scores = scores - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
+    mask = response_mask.float()
+    rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
+                      logprobs * mask, ref_logprobs * mask, values * mask, scores, finished)
+    return rollout, entropy
+
+
+# 3. Rewards and 4. advantages
+
+
+def add_rewards(rollout: Rollout, beta: float) -> torch.Tensor:
+    """Per-token rewards: the KL penalty on every response token, the score added on the last. Returns the KL (B, R)."""
+    kl = rollout.logprobs - rollout.ref_logprobs  # (B, R), 0 on padding
+    rewards = -beta * kl
+    last = rollout.response_mask.sum(dim=1) - 1  # (B,)
+    rewards[torch.arange(rewards.shape[0]), last] += rollout.scores
+    rollout.rewards = rewards
+    return kl
+
+
+def add_advantages(rollout: Rollout, gamma: float, lam: float) -> None:
+    """GAE over the response tokens, then whitened advantages; returns = advantages (before whitening) + values."""
+    rewards, values, mask = rollout.rewards, rollout.values, rollout.response_mask.float()
+    width = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], device=rewards.device)
+    for t in reversed(range(width)):
+        next_value = values[:, t + 1] if t + 1 < width else torch.zeros_like(running)  # 0 past the end: values are masked
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    rollout.returns = (advantages + values) * mask
+    rollout.advantages = whiten(advantages, mask) * mask
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mean = (x * mask).sum() / mask.sum()
+    variance = (((x - mean) * mask) ** 2).sum() / mask.sum()
+    return (x - mean) * torch.rsqrt(variance + 1e-8)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum()
+
+
+# 5. Update
+
+
+def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfig, generator: torch.Generator) -> dict[str, float]:
+    """K epochs of clipped PPO over shuffled minibatches; the means of the update's statistics.
+
+    The policy and value losses go backwards separately, each while its adapter is active
+    (PEFT trains only the active adapter); their gradients sum before the step.
+    """
+    stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": []}
+    size = rollout.response_ids.shape[0]
+    trainable = [p for group in optimizer.param_groups for p in group["params"]]
+    for _ in range(config.epochs):
+        order = torch.randperm(size, generator=generator)
+        for start in range(0, size, config.minibatch_size):
+            index = order[start : start + config.minibatch_size]
+            mask = rollout.response_mask[index].float()
+            args = (rollout.query_ids[index], rollout.query_mask[index], rollout.response_ids[index], rollout.response_mask[index])
+            optimizer.zero_grad(set_to_none=True)
+
+            logprobs = response_logprobs(model, *args, config.temperature)
+            log_ratio = (logprobs - rollout.logprobs[index]) * mask
+            ratio = log_ratio.exp()
+            advantages = rollout.advantages[index]
+            policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip_range, 1 + config.clip_range)), mask)
+            policy_loss.backward()
+
+            values = response_values(model, *args)
+            old_values, returns = rollout.values[index], rollout.returns[index]
+            clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
+            value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
+            (config.vf_coef * value_loss).backward()
+
+            nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                stats["clip_fraction"].append(masked_mean(((ratio - 1).abs() > config.clip_range).float(), mask).item())
+                stats["approx_kl"].append(masked_mean(0.5 * log_ratio**2, mask).item())
+                stats["policy_loss"].append(policy_loss.item())
+                stats["value_loss"].append(value_loss.item())
+                stats["value_clip_fraction"].append(masked_mean(((values - old_values).abs() > config.clip_range_value).float(), mask).item())
+    return {name: sum(values) / len(values) for name, values in stats.items()} | {"first_clip_fraction": stats["clip_fraction"][0]}
+
+
+def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:
+    """The policy and value adapters' LoRA weights, and the value head."""
+    adapters = [p for name, p in model.peft_model.named_parameters() if ".policy." in name or ".value." in name]
+    return adapters + list(model.value_head.parameters())
+
+
+# 6. The KL controller
+
+
+class AdaptiveKL:
+    """beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon (Ziegler et al. 2019); fixed when target is 0."""
+
+    def __init__(self, beta: float, target: float, horizon: int):
+        self.beta, self.target, self.horizon = beta, target, horizon
+
+    def update(self, kl: float, n: int) -> None:
+        if self.target > 0:
+            error = max(-0.2, min(0.2, kl / self.target - 1))
+            self.beta *= 1 + error * n / self.horizon
+
+
+# The whole run
+
+
+def ppo_step(model, tokenizer, normalization, optimizer, prompts, config, controller: AdaptiveKL, eos_ids, generator) -> tuple[dict, Rollout]:
+    """One PPO step on a batch of prompts: its logged statistics, and the rollout they came from."""
+    started = time.perf_counter()
+    batch = sample(model, tokenizer, prompts, config, eos_ids)
+    generated_seconds = time.perf_counter() - started
+    rollout, entropy = evaluate(model, normalization, batch, config)
+    beta = controller.beta
+    kl = add_rewards(rollout, beta)
+    add_advantages(rollout, config.gamma, config.lam)
+    mask = rollout.response_mask.float()
+    kl_per_response = kl.sum(dim=1).mean().item()
+    stats = {
+        "score": rollout.scores.mean().item(),
+        "kl": kl_per_response,
+        "entropy": masked_mean(entropy, mask).item(),
+        "response_length": mask.sum(dim=1).mean().item(),
+        "finished": rollout.finished.float().mean().item(),
+        "beta": beta,
+        "generated_tokens": int(mask.sum().item()),
+        "generate_seconds": generated_seconds,
+    }
+    stats |= update(model, optimizer, rollout, config, generator)
+    controller.update(kl_per_response, len(prompts))
+    stats["seconds"] = time.perf_counter() - started
+    return stats, rollout
+
+
+def train_ppo(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Messages],
+    reward_dir: Path,
+    config: PPOConfig,
+    out_dir: Path,
+    policy_dir: Path | None = None,
+    on_step: StepFn | None = None,
+) -> dict[str, Any]:
+    """Run config.steps PPO steps on batches drawn from prompts; save the policy adapter to out_dir.
+
+    model is the base causal LM with a left-padding tokenizer whose pad differs from EOS
+    (train.models.load_model gives both). out_dir gets a standard PEFT adapter directory, built
+    beside it and renamed into place when complete. on_step gets each step's statistics and a
+    few sampled responses. Returns the statistics of every step.
+    """
+    if not prompts:
+        raise ModelError("no prompts to run PPO on")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"{out_dir} already exists and is not empty")
+    wrapped = build(model, reward_dir, config, policy_dir)
+    normalization = load_normalization(reward_dir)
+    params = trainable_parameters(wrapped)
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, eps=1e-5)
+    controller = AdaptiveKL(config.kl_coef, config.target_kl, config.kl_horizon)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    order = random.Random(config.seed)
+    eos = end_of_turn_ids(model, tokenizer)
+    history = []
+    for step in range(1, config.steps + 1):
+        batch_prompts = [order.choice(prompts) for _ in range(config.batch_size)]
+        stats, rollout = ppo_step(wrapped, tokenizer, normalization, optimizer, batch_prompts, config, controller, eos, generator)
+        stats["step"] = step
+        history.append(stats)
+        if on_step is not None:
+            samples = [
+                {"prompt": batch_prompts[i][-1]["content"], "response": tokenizer.decode(rollout.response_ids[i], skip_special_tokens=True),
+                 "score": rollout.scores[i].item()}
+                for i in range(min(3, len(batch_prompts)))
+            ]
+            on_step({**stats, "total_steps": config.steps, "samples": samples})
+    save_policy(wrapped, out_dir, config)
+    return {"steps": history}
+
+
+def save_policy(model: PolicyWithHeads, out_dir: Path, config: PPOConfig) -> None:
+    """The policy adapter alone, as a directory PeftModel.from_pretrained loads."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.peft_model.save_pretrained(staging, selected_adapters=["policy"])
+        saved = staging / "policy"  # PEFT saves an adapter not named "default" in a folder of its name
+        (saved / "ppo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        saved.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
