@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -184,3 +185,10 @@ def score_with_plain_peft(base: Path, adapter: Path, cases: list[tuple[list[dict
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
+
+
+def worker_pids(project: Path, job_id: int) -> list[int]:
+    """The worker processes running this project's job (only this project's: other runs may have a job 1 too)."""
+    pattern = f"train.worker {re.escape(str(project / 'jobs' / str(job_id)))}$"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]

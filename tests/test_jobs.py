@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import time
 from contextlib import closing
 
@@ -12,7 +11,7 @@ import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, worker_pids
 from train.jobdir import JobDirError, read_job, write_job
 
 PASSWORD = "password-123"
@@ -38,11 +37,6 @@ def wait_for(condition, seconds=120.0):
     raise AssertionError("timed out waiting")
 
 
-def worker_pids(job_id: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-f", f"train.worker .*jobs/{job_id}$"], capture_output=True, text=True)
-    return [int(pid) for pid in found.stdout.split()]
-
-
 def job_row(operator: Client, job_id: int) -> list:
     return next(row for row in operator.predict(api_name="/jobs")["data"] if row[0] == job_id)
 
@@ -50,6 +44,11 @@ def job_row(operator: Client, job_id: int) -> list:
 def completions(project) -> int:
     with closing(open_database(project / "tether.duckdb")) as con:
         return con.execute("SELECT count(*) FROM completions").fetchone()[0]
+
+
+def percent(progress_cell: str) -> int:
+    """The percentage at the end of a progress cell such as "████░░░░ 20%"."""
+    return int(progress_cell.split()[-1].rstrip("%"))
 
 
 def test_killing_the_worker_fails_the_job_with_its_log_while_annotators_carry_on(slow_project):
@@ -60,17 +59,17 @@ def test_killing_the_worker_fails_the_job_with_its_log_while_annotators_carry_on
         annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
         assert operator.predict(28, 4, api_name="/generate").startswith("Queued job 1")
         # Progress moves while the worker runs, and the annotator keeps voting meanwhile.
-        first = wait_for(lambda: (row := job_row(operator, 1))[2] == "running" and row[3] != "0%" and row[3])
+        first = wait_for(lambda: (row := job_row(operator, 1))[2] == "running" and percent(row[3]) > 0 and row[3])
         token = annotator.predict(api_name="/next_pair")[0]
         view = annotator.predict(token, None, "", api_name="/vote_left")
         assert view[5] == "" and view[0] != token
         later = wait_for(lambda: (p := job_row(operator, 1)[3]) != first and p)
-        assert int(later.rstrip("%")) > int(first.rstrip("%"))
+        assert percent(later) > percent(first)
 
-        [pid] = worker_pids(1)
+        [pid] = worker_pids(slow_project, 1)
         os.kill(pid, signal.SIGKILL)
         failed = wait_for(lambda: (row := job_row(operator, 1))[2] == "failed" and row)
-        assert "the worker exited with code -9" in failed[5]
+        assert "the worker exited with code -9" in failed[7]
         assert annotator.predict(view[0], None, "", api_name="/vote_right")[5] == ""  # still serving
     finally:
         server.stop()
@@ -93,7 +92,7 @@ def test_an_operator_cancels_a_running_job_and_its_worker_stops(slow_project):
         assert job_row(operator, 2)[2] == "cancelled"
         operator.predict(1, api_name="/cancel_job")
         wait_for(lambda: job_row(operator, 1)[2] == "cancelled")
-        wait_for(lambda: not worker_pids(1), seconds=10)
+        wait_for(lambda: not worker_pids(slow_project, 1), seconds=10)
     finally:
         server.stop()
     assert completions(slow_project) == before

@@ -14,7 +14,7 @@ from gradio_client import Client
 
 from store import open_database
 
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, worker_pids
 
 
 def toy_preferences(path: Path, n: int = 40) -> Path:
@@ -78,7 +78,7 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
     deadline = time.monotonic() + 120
     while not (events.exists() and '"step"' in events.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    [pid] = [int(p) for p in subprocess.run(["pgrep", "-f", "train.worker .*jobs/1$"], capture_output=True, text=True).stdout.split()]
+    [pid] = worker_pids(tiny_project, 1)
     os.kill(pid, signal.SIGKILL)
     _, stderr = cli.communicate(timeout=60)
     assert cli.returncode == 1 and "job 1 failed: the worker exited with code -9" in stderr
@@ -99,16 +99,20 @@ def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_pro
         operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
         annotator = Client(server.url, auth=("ann", "password-123"), verbose=False)
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
-        seen, votes = set(), 0
+        seen, steps_seen, votes = set(), set(), 0
         token = annotator.predict(api_name="/next_pair")[0]
         deadline = time.monotonic() + 300
         while (job := operator.predict(api_name="/jobs")["data"][0])[2] in ("queued", "running") and time.monotonic() < deadline:
             seen.add(job[3])
+            if job[2] == "running" and job[4]:
+                steps_seen.add(job[4])
+                assert float(job[5]) > 0  # the step's loss
             view = annotator.predict(token, None, "", api_name="/vote_left")
             votes += view[5] == ""
             token = view[0]
         assert job[2] == "done", job
-        assert len(seen - {"0%"}) >= 2  # progress moved while the annotator voted
+        assert len({p for p in seen if not p.endswith(" 0%")}) >= 2  # progress moved while the annotator voted
+        assert len(steps_seen) >= 2 and all("/" in s for s in steps_seen)  # and so did the step
         assert votes >= 5
         versions, run, curves = operator.predict(None, api_name="/reward_models")
         assert versions["data"][0][0] == 1 and run["value"] == 1

@@ -30,7 +30,7 @@ from store.stats import annotator_stats, overlapped_choices, pair_states
 from store.users import User, get_user
 from store.votes import record_vote, votes_since
 from train.errors import ModelError
-from train.jobdir import log_tail
+from train.jobdir import log_tail, read_events
 from ui.auth import SignInGuard
 from ui.jobs import JobError, JobQueue, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.project import Project
@@ -229,10 +229,16 @@ class Handlers:
 
     def job_table(self, request: gr.Request) -> list[list]:
         self.server.operator(request)
-        return [
-            [j.id, j.kind, j.status, f"{j.progress:.0%}", j.created_at.strftime("%Y-%m-%d %H:%M:%S"), (j.error or "").split("\n")[0]]
-            for j in self.server.db(list_jobs)
-        ]
+        rows = []
+        for j in self.server.db(list_jobs):
+            step = loss = ""
+            if j.status == "running":  # the worker's latest step, straight from its events file
+                steps = [e for e in read_events(job_dir(self.server.project, j.id), 0)[0] if "step" in e]
+                if steps:
+                    step, loss = f"{steps[-1]['step']}/{steps[-1]['total_steps']}", _figure(steps[-1].get("loss"))
+            rows.append([j.id, j.kind, j.status, _progress_bar(j.progress), step, loss,
+                         j.created_at.strftime("%Y-%m-%d %H:%M:%S"), (j.error or "").split("\n")[0]])
+        return rows
 
     def job_log(self, job_id: float, request: gr.Request) -> str:
         self.server.operator(request)
@@ -303,6 +309,11 @@ def _count(n: int, noun: str) -> str:
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _progress_bar(progress: float, width: int = 20) -> str:
+    filled = round(progress * width)
+    return "█" * filled + "░" * (width - filled) + f" {progress:.0%}"
 
 
 def _figure(value: float | None, percent: bool = False) -> str:
@@ -404,7 +415,9 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
         refresh_models.click(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_name="reward_models", api_visibility="undocumented")
         run.input(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_visibility="undocumented")
     with gr.Tab("Jobs"):
-        jobs = gr.Dataframe(headers=["job", "kind", "status", "progress", "created", "error"], label="Jobs, newest first", interactive=False)
+        jobs = gr.Dataframe(
+            headers=["job", "kind", "status", "progress", "step", "loss", "created", "error"], label="Jobs, newest first", interactive=False,
+        )
         with gr.Row():
             job_id = gr.Number(label="Job", precision=0, minimum=1)
             show_log = gr.Button("Show log")
