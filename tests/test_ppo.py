@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.conftest import DEMO_PROMPTS
 from train.config import PPOConfig, RewardModelConfig
 from train.generate import end_of_turn_ids
 from train.ppo import (
@@ -218,10 +219,43 @@ def test_the_saved_policy_loads_with_plain_peft_and_generates(peaked_model_dir, 
     model, tokenizer = load(peaked_model_dir)
     config = PPOConfig(steps=1, batch_size=4, minibatch_size=2, max_new_tokens=3)
     train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "policy")
-    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors", "ppo_config.json"]
+    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "ppo_config.json"]
     script = tmp_path / "plain.py"
     script.write_text(textwrap.dedent(PLAIN_GENERATE))
     result = subprocess.run([sys.executable, str(script), str(peaked_model_dir), str(tmp_path / "policy")],
                             capture_output=True, text=True, cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[-1]) >= 1
+
+
+def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(tiny_project, tmp_path):
+    from contextlib import closing
+
+    from store import open_database
+    from tests.conftest import run_tether
+    from tests.test_reward_jobs import toy_preferences
+
+    config = tiny_project / "tether.toml"
+    config.write_text(config.read_text().replace("steps = 20", "steps = 2").replace("batch_size = 16", "batch_size = 4").replace("max_new_tokens = 64", "max_new_tokens = 6"))
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
+    run_tether("rm", "train", "--include-imported", "--project", str(tiny_project), check=True)
+    missing = run_tether("ppo", "--project", str(tiny_project))
+    assert missing.returncode == 1 and "no active prompts" in missing.stderr
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+
+    done = run_tether("ppo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("policy v1 from v0 against reward model v1: last step score")
+    again = run_tether("ppo", "--project", str(tiny_project))  # continues from v1
+    assert again.returncode == 0 and again.stdout.startswith("policy v2 from v1"), again.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        policies = con.execute("SELECT version, parent, adapter_path FROM policies ORDER BY version").fetchall()
+        logged = con.execute("SELECT DISTINCT name FROM metrics m JOIN jobs j ON j.id = m.job_id WHERE j.kind = 'ppo'").fetchall()
+        steps = con.execute("SELECT count(DISTINCT step) FROM metrics m JOIN jobs j ON j.id = m.job_id WHERE j.id = 3").fetchone()[0]
+    assert policies == [(0, None, None), (1, 0, "policies/v1"), (2, 1, "policies/v2")]
+    assert {"score", "kl", "entropy", "clip_fraction", "approx_kl", "value_loss", "response_length", "beta"} <= {n for (n,) in logged}
+    assert steps == 2
+    assert (tiny_project / "policies" / "v2" / "adapter_config.json").exists()
+
+    generated = run_tether("generate", "--limit", "2", "--project", str(tiny_project))  # the newest policy samples
+    assert generated.returncode == 0 and "from policy v2" in generated.stdout, generated.stderr

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.config import GenerationConfig, ModelConfig, RewardModelConfig
+from train.config import GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
 
@@ -89,6 +89,24 @@ def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
     return {"scores": "scores.parquet"}
 
 
+def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """PPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
+    from train.models import load_model
+    from train.ppo import train_ppo
+
+    ppo = PPOConfig(**config["ppo"])
+    prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
+    model, tokenizer = load_model(ModelConfig(**config["model"]))
+    events.emit("started", prompts=len(prompts), total_steps=ppo.steps)
+
+    def step(stats: dict[str, Any]) -> None:
+        events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
+
+    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    result = train_ppo(model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step)
+    return {"adapter": "policy", "steps": result["steps"]}
+
+
 def _assistant(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
 
@@ -97,6 +115,7 @@ RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "generate": run_generate,
     "reward_model": run_reward_model,
     "score": run_score,
+    "ppo": run_ppo,
 }
 
 

@@ -13,6 +13,7 @@ from store import StoreError
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file
 from store.jobs import Job, job_metrics
+from store.policies import get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
 from store.users import ROLES, add_user
@@ -20,7 +21,7 @@ from store.status import project_counts
 from train.errors import ModelError
 from ui.auth import MIN_PASSWORD_CHARS, hash_password
 from ui.config import ConfigError
-from ui.jobs import run_job, submit_generation, submit_reward_training, submit_scoring
+from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
 
 
@@ -140,6 +141,31 @@ def run_with_progress(project: Project, job: Job, label: str) -> Job:
     if job.status != "done":
         raise click.ClickException(f"job {job.id} {job.status}: {job.error}")
     return job
+
+
+@cli.command()
+@click.option("--reward-version", type=int, help="Reward-model version to optimise against [default: the newest].")
+@click.option("--policy-version", type=int, help="Policy version to start from [default: the newest].")
+@project_option
+def ppo(reward_version: int | None, policy_version: int | None, project_dir: Path):
+    """Run PPO on the policy against a reward model and register the result as the next policy version.
+
+    The policy is a LoRA adapter on the base model, held to it by a per-token KL penalty.
+    Settings are in the [ppo] section of tether.toml.
+
+    \b
+    Example:
+        tether ppo --project demo
+    """
+    project = load_project(project_dir)
+    job = submit_ppo(project, project.run, reward_version, policy_version)
+    job = run_with_progress(project, job, "PPO")
+    last = project.run(job_metrics, job.id)
+    click.echo(
+        f"policy v{project.run(get_policy, None).version} from v{job.config['policy_version']} against reward model "
+        f"v{job.config['reward_version']}: last step score {last['score']:.3f}, KL {last['kl']:.3f}, "
+        f"response length {last['response_length']:.1f} tokens"
+    )
 
 
 @cli.group(cls=TetherGroup)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from annotate.queue import QueueConfig
-from train.config import GenerationConfig, ModelConfig, RewardModelConfig
+from train.config import GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.
@@ -37,6 +37,7 @@ class TetherConfig:
     queue: QueueConfig = field(default_factory=QueueConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
 
 
 def load_config(path: Path) -> TetherConfig:

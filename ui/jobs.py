@@ -26,7 +26,7 @@ from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, cancel_if_queued, finish_job, get_job, next_queued, set_progress, start_job
-from store.policies import get_policy
+from store.policies import add_policy, get_policy, policy_versions
 from store.prompts import prompts_to_generate
 from store.reward_models import add_reward_model, add_snapshot, get_reward_model, next_reward_model_version
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
@@ -94,6 +94,25 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
         "adapter_path": str(project.root / reward_model.adapter_path),
     }
     return _submit(project, run, "score", config, {"completions": table})
+
+
+def submit_ppo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None) -> Job:
+    """Queue PPO from a policy version against a reward model (the newest of each by default), on the active prompts."""
+    reward_model = run(get_reward_model, reward_version)
+    policy = run(get_policy, policy_version)
+    prompts = run(prompts_to_generate, policy.version, None)
+    if not prompts:
+        raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
+    config = {
+        "model": dataclasses.asdict(project.config.model),
+        "ppo": dataclasses.asdict(project.config.ppo),
+        "reward_version": reward_model.version,
+        "reward_adapter_path": str(project.root / reward_model.adapter_path),
+        "policy_version": policy.version,
+        "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
+    }
+    table = pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
+    return _submit(project, run, "ppo", config, {"prompts": table})
 
 
 def _submit(project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table]) -> Job:
@@ -189,6 +208,19 @@ def run_job(
     return run(get_job, job.id)
 
 
+def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
+    """Register the trained policy adapter as the next policy version, with its per-step statistics."""
+    version = max(policy_versions(con)) + 1
+    target = Path("policies") / f"v{version}"
+    (project.root / target).parent.mkdir(exist_ok=True)
+    (directory / result["adapter"]).rename(project.root / target)  # as for reward models: files first, then the rows
+    with transaction(con):
+        add_policy(con, version, str(target), parent=job.config["policy_version"])
+        for stats in result["steps"]:
+            add_metrics(con, job.id, stats["step"], {k: float(v) for k, v in stats.items() if k != "step"})
+        finish_job(con, job.id, "done", utcnow())
+
+
 def _die_with_parent() -> None:
     """Linux: a worker whose owner dies, even by kill -9, is killed too rather than left orphaned."""
     PR_SET_PDEATHSIG = 1
@@ -199,6 +231,7 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "generate": ingest_generation,
     "reward_model": ingest_reward_model,
     "score": ingest_scores,
+    "ppo": ingest_ppo,
 }
 
 
