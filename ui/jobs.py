@@ -26,7 +26,7 @@ from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, cancel_if_queued, finish_job, get_job, next_queued, set_progress, start_job
-from store.policies import add_policy, get_policy, policy_versions
+from store.policies import Policy, add_policy, get_policy, policy_versions
 from store.prompts import prompts_to_generate
 from store.reward_models import add_reward_model, add_snapshot, get_reward_model, next_reward_model_version
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
@@ -49,10 +49,7 @@ def submit_generation(project: Project, run: Run, limit: int | None, per_prompt:
     generation = project.config.generation
     if per_prompt is not None:
         generation = dataclasses.replace(generation, per_prompt=per_prompt)
-    policy = run(get_policy, policy_version)
-    prompts = run(prompts_to_generate, policy.version, limit)
-    if not prompts:
-        raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
+    policy, prompts = _policy_and_prompts(run, policy_version, limit)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "generation": dataclasses.asdict(generation),
@@ -60,8 +57,16 @@ def submit_generation(project: Project, run: Run, limit: int | None, per_prompt:
         "policy_version": policy.version,
         "adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    table = pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
-    return _submit(project, run, "generate", config, {"prompts": table})
+    return _submit(project, run, "generate", config, {"prompts": prompts})
+
+
+def _policy_and_prompts(run: Run, policy_version: int | None, limit: int | None) -> tuple[Policy, pa.Table]:
+    """The policy version (the newest by default) and the active prompts, those it has sampled least first, as a job input."""
+    policy = run(get_policy, policy_version)
+    prompts = run(prompts_to_generate, policy.version, limit)
+    if not prompts:
+        raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
+    return policy, pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
 
 
 def submit_reward_training(project: Project, run: Run, include_imported: bool | None = None) -> Job:
@@ -99,10 +104,7 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
 def submit_ppo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None) -> Job:
     """Queue PPO from a policy version against a reward model (the newest of each by default), on the active prompts."""
     reward_model = run(get_reward_model, reward_version)
-    policy = run(get_policy, policy_version)
-    prompts = run(prompts_to_generate, policy.version, None)
-    if not prompts:
-        raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
+    policy, prompts = _policy_and_prompts(run, policy_version, None)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "ppo": dataclasses.asdict(project.config.ppo),
@@ -111,8 +113,7 @@ def submit_ppo(project: Project, run: Run, reward_version: int | None = None, po
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    table = pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
-    return _submit(project, run, "ppo", config, {"prompts": table})
+    return _submit(project, run, "ppo", config, {"prompts": prompts})
 
 
 def _submit(project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table]) -> Job:
