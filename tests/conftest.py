@@ -67,9 +67,25 @@ def tiny_project(tmp_path, tiny_model_dir) -> Path:
     """A project on the tiny model with short completions and the demo prompts imported."""
     root = tmp_path / "project"
     init_project(root, str(tiny_model_dir))
-    config = (root / "tether.toml").read_text().replace("max_new_tokens = 128", "max_new_tokens = 12")
-    (root / "tether.toml").write_text(config)
+    set_settings(root, "generation", max_new_tokens=12)
     return root
+
+
+def set_settings(project: Path, section: str, **values) -> None:
+    """Change settings of one section of the project's tether.toml, as a user would edit it.
+
+    Each key must already be there (init writes every setting), so a renamed one fails loudly.
+    """
+    path = project / "tether.toml"
+    text = path.read_text()
+    start = text.index(f"[{section}]\n")
+    end = text.find("\n[", start)
+    end = len(text) if end == -1 else end
+    body = text[start:end]
+    for key, value in values.items():
+        body, found = re.subn(rf"(?m)^#? ?{key} = .*$", f"{key} = {json.dumps(value)}", body)
+        assert found == 1, f"[{section}] of {path} has no setting {key}"
+    path.write_text(text[:start] + body + text[end:])
 
 
 def run_tether(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:

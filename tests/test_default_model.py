@@ -7,14 +7,13 @@ from pathlib import Path
 from store import open_database
 from train.config import DEFAULT_MODEL
 from train.models import resolve_model_path
-from tests.conftest import run_tether
+from tests.conftest import run_tether, set_settings
 
 
 def test_default_model_generates_clean_text(tmp_path):
     project = tmp_path / "demo"
     assert run_tether("init", str(project)).returncode == 0
-    config = project / "tether.toml"
-    config.write_text(config.read_text().replace("max_new_tokens = 128", "max_new_tokens = 48").replace("# seed = 0", "seed = 0"))
+    set_settings(project, "generation", max_new_tokens=48, seed=0)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         json.dumps({"prompt": "What is the capital of France?"}) + "\n"

@@ -11,7 +11,7 @@ import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, worker_pids
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, worker_pids
 from train.jobdir import JobDirError, read_job, write_job
 
 PASSWORD = "password-123"
@@ -20,8 +20,7 @@ PASSWORD = "password-123"
 @pytest.fixture
 def slow_project(tiny_project):
     """A project whose generation job runs long enough to be watched, cancelled and killed."""
-    config = tiny_project / "tether.toml"
-    config.write_text(config.read_text().replace("max_new_tokens = 12", "max_new_tokens = 400").replace("batch_size = 16", "batch_size = 1"))
+    set_settings(tiny_project, "generation", max_new_tokens=400, batch_size=1)
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     add_pairs(tiny_project, prompts=20)
     add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, PASSWORD)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import DEMO_PROMPTS
+from tests.conftest import DEMO_PROMPTS, set_settings
 from train.config import PPOConfig, RewardModelConfig
 from train.generate import end_of_turn_ids
 from train.ppo import (
@@ -235,8 +235,7 @@ def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(t
     from tests.conftest import run_tether
     from tests.test_reward_jobs import toy_preferences
 
-    config = tiny_project / "tether.toml"
-    config.write_text(config.read_text().replace("steps = 20", "steps = 2").replace("batch_size = 16", "batch_size = 4").replace("max_new_tokens = 64", "max_new_tokens = 6"))
+    set_settings(tiny_project, "ppo", steps=2, batch_size=4, max_new_tokens=6)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     run_tether("rm", "train", "--include-imported", "--project", str(tiny_project), check=True)
     missing = run_tether("ppo", "--project", str(tiny_project))

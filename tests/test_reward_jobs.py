@@ -14,7 +14,7 @@ from gradio_client import Client
 
 from store import open_database
 
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, worker_pids
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, worker_pids
 
 
 def toy_preferences(path: Path, n: int = 40) -> Path:
@@ -69,8 +69,7 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
 
 
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
-    config = tiny_project / "tether.toml"
-    config.write_text(config.read_text().replace("epochs = 1", "epochs = 50").replace("batch_size = 8", "batch_size = 2"))
+    set_settings(tiny_project, "reward_model", epochs=50, batch_size=2)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     tether = Path(sys.executable).parent / "tether"
     cli = subprocess.Popen([str(tether), "rm", "train", "--include-imported", "--project", str(tiny_project)], stderr=subprocess.PIPE, text=True)
@@ -88,9 +87,40 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
     assert not (tiny_project / "reward_models").exists()
 
 
+def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annotators_are_still_served(tiny_project, tmp_path):
+    from tests.test_jobs import wait_for
+
+    set_settings(tiny_project, "reward_model", epochs=50, batch_size=2)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
+    add_pairs(tiny_project, prompts=10)
+    add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, "password-123")
+    server = RunningServer(tiny_project)
+    try:
+        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
+        annotator = Client(server.url, auth=("ann", "password-123"), verbose=False)
+        assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
+        wait_for(lambda: (row := operator.predict(api_name="/jobs")["data"][0])[2] == "running" and row[4])  # training steps run
+        [pid] = worker_pids(tiny_project, 1)
+        os.kill(pid, signal.SIGKILL)
+        failed = wait_for(lambda: (row := operator.predict(api_name="/jobs")["data"][0])[2] == "failed" and row)
+        assert failed[7] == "the worker exited with code -9:"
+        tail = operator.predict(1, api_name="/job_log").strip()
+        assert tail and tail in (tiny_project / "jobs" / "1" / "worker.log").read_text()  # the operator sees the worker's log tail
+        versions, _, _ = operator.predict(None, api_name="/reward_models")
+        assert not any(row and row[0] for row in versions["data"])  # no version listed
+        view = annotator.predict(api_name="/next_pair")
+        assert view[5] == "" and annotator.predict(view[0], None, "", api_name="/vote_left")[5] == ""  # still serving
+    finally:
+        server.stop()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM reward_models").fetchone()[0] == 0
+        assert con.execute("SELECT status FROM jobs").fetchone() == ("failed",)
+        assert con.execute("SELECT count(*) FROM comparisons").fetchone()[0] == 40 + 1  # the imported ones and the vote
+    assert not (tiny_project / "reward_models").exists()
+
+
 def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_progress(tiny_project, tmp_path):
-    config = tiny_project / "tether.toml"
-    config.write_text(config.read_text().replace("epochs = 1", "epochs = 4").replace("batch_size = 8", "batch_size = 4"))
+    set_settings(tiny_project, "reward_model", epochs=4, batch_size=4)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     add_pairs(tiny_project, prompts=30)
     add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, "password-123")
