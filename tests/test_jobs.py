@@ -13,6 +13,7 @@ from gradio_client import Client
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, worker_pids
 from train.jobdir import JobDirError, read_job, write_job
+from ui.jobs import WORKER_NICENESS
 
 PASSWORD = "password-123"
 
@@ -66,6 +67,8 @@ def test_killing_the_worker_fails_the_job_with_its_log_while_annotators_carry_on
         assert percent(later) > percent(first)
 
         [pid] = worker_pids(slow_project, 1)
+        # The worker gives way to the server for the CPU: annotators come first.
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, server.process.pid) + WORKER_NICENESS)
         os.kill(pid, signal.SIGKILL)
         failed = wait_for(lambda: (row := job_row(operator, 1))[2] == "failed" and row)
         assert "the worker exited with code -9" in failed[7]

@@ -185,7 +185,7 @@ def run_job(
         # Its own session, so cancelling can kill the worker and anything it started.
         worker = subprocess.Popen(
             [sys.executable, "-m", "train.worker", str(directory)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
         )
     offset = 0
     while worker.poll() is None:
@@ -222,10 +222,19 @@ def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any
         finish_job(con, job.id, "done", utcnow())
 
 
-def _die_with_parent() -> None:
-    """Linux: a worker whose owner dies, even by kill -9, is killed too rather than left orphaned."""
+WORKER_NICENESS = 10
+
+
+def _prepare_worker() -> None:
+    """In the worker before it starts: die with the owner, and give way to it for the CPU.
+
+    Linux kills a worker whose owner dies, even by kill -9, rather than leave it orphaned. The
+    lower priority matters where the owner is the app: annotators are answered before a
+    training step runs, so their view does not slow while a job trains.
+    """
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.nice(WORKER_NICENESS)
 
 
 INGESTERS: dict[str, Callable[..., None]] = {
