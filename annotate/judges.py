@@ -1,0 +1,92 @@
+"""Judges for simulated annotators: `judge(prompt, completion) -> float`, higher is better.
+
+A simulated annotator prefers A over B with probability sigmoid((judge(A) - judge(B)) / T),
+so a judge's scale matters only against the noise T. The built-in ones are simple on purpose:
+they give the loop a target whose progress is easy to see and to check.
+"""
+
+import importlib
+import importlib.util
+import math
+import random
+import re
+from pathlib import Path
+from typing import Callable
+
+Judge = Callable[[str, str], float]
+
+WORD = re.compile(r"[a-z']+")
+POSITIVE = frozenset(
+    "good great excellent wonderful happy glad love lovely beautiful best enjoy delightful fantastic amazing "
+    "kind helpful pleasant joy joyful nice brilliant awesome cheerful grateful thanks thank calm bright hope".split()
+)
+NEGATIVE = frozenset(
+    "bad terrible awful horrible sad hate ugly worst boring angry annoying poor wrong sorry fail failure "
+    "painful nasty disgusting dreadful miserable unhappy fear afraid dull gloomy".split()
+)
+
+
+def concise(prompt: str, completion: str) -> float:
+    """Shorter answers score higher: minus the number of words, in tens (an empty answer scores -5)."""
+    words = len(completion.split())
+    return -5.0 if words == 0 else -words / 10
+
+
+def positive(prompt: str, completion: str) -> float:
+    """Sentiment: positive words minus negative ones, per ten words of the answer."""
+    words = WORD.findall(completion.lower())
+    if not words:
+        return 0.0
+    return 10 * (sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)) / max(len(words), 10)
+
+
+BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive}
+
+
+class JudgeError(Exception):
+    """A judge that cannot be loaded, said in one line."""
+
+
+def load_judge(spec: str) -> Judge:
+    """A judge by name: a built-in one ('concise', 'positive'), `module:FUNC` or `PATH.py:FUNC`."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
+    source, _, name = spec.rpartition(":")
+    if not source or not name:
+        raise JudgeError(f"judge {spec!r}: expected one of {', '.join(BUILT_IN)}, module:FUNC or PATH.py:FUNC")
+    if source.endswith(".py"):
+        path = Path(source)
+        if not path.is_file():
+            raise JudgeError(f"judge {spec!r}: {path} is not a file")
+        module_spec = importlib.util.spec_from_file_location(f"tether_judge_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:  # the user's file: any error in it is theirs to see, in one line
+            raise JudgeError(f"judge {spec!r}: {path} failed to load: {type(e).__name__}: {e}") from None
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ImportError as e:
+            raise JudgeError(f"judge {spec!r}: cannot import {source}: {e}") from None
+    judge = getattr(module, name, None)
+    if not callable(judge):
+        raise JudgeError(f"judge {spec!r}: {source} has no function {name}")
+    return judge
+
+
+def prefers_first(judge: Judge, prompt: str, first: str, second: str, noise: float, rng: random.Random) -> bool:
+    """A noisy annotator's choice: the first with probability sigmoid((judge(first) - judge(second)) / noise).
+
+    noise 0 is a perfect annotator (a tie in score is a coin flip).
+    """
+    margin = judge(prompt, first) - judge(prompt, second)
+    if noise == 0:
+        return margin > 0 or (margin == 0 and rng.random() < 0.5)
+    return rng.random() < sigmoid(margin / noise)
+
+
+def sigmoid(z: float) -> float:
+    if z >= 0:  # two forms, so that exp never overflows
+        return 1 / (1 + math.exp(-z))
+    return math.exp(z) / (1 + math.exp(z))

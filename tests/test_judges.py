@@ -1,0 +1,47 @@
+"""Judges for simulated annotators, and the noisy choice they drive."""
+
+import random
+
+import pytest
+
+from annotate.judges import JudgeError, concise, load_judge, positive, prefers_first, sigmoid
+
+
+def test_the_built_in_judges_rank_as_named():
+    assert concise("q", "Paris.") > concise("q", "The capital of France is the city of Paris, on the Seine.")
+    assert concise("q", "") < concise("q", "one two three")  # saying nothing is not concise, it is empty
+    assert positive("q", "What a wonderful, lovely day: I love it!") > positive("q", "The weather is cold.") > positive("q", "A terrible, awful day.")
+    assert positive("q", "") == 0.0
+
+
+def test_judges_load_by_name_module_or_file(tmp_path):
+    assert load_judge("concise") is concise
+    assert load_judge("annotate.judges:positive") is positive
+    mine = tmp_path / "my_judge.py"
+    mine.write_text("def longer(prompt, completion):\n    return float(len(completion))\n")
+    judge = load_judge(f"{mine}:longer")
+    assert judge("q", "abc") == 3.0
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("def judge(:\n")
+    for spec, message in [
+        ("nonsense", "expected one of concise, positive"),
+        (f"{tmp_path}/absent.py:judge", "is not a file"),
+        (f"{mine}:absent", "has no function absent"),
+        ("no_such_module_here:judge", "cannot import no_such_module_here"),
+        (f"{broken}:judge", "failed to load: SyntaxError"),
+    ]:
+        with pytest.raises(JudgeError, match=message):
+            load_judge(spec)
+
+
+def test_a_noisy_annotator_prefers_the_better_one_at_the_sigmoid_rate():
+    rng = random.Random(0)
+    long, short = "one two three four five six seven eight nine ten", "one"
+    margin = concise("q", short) - concise("q", long)  # 0.9
+    for noise in (0.5, 2.0):
+        share = sum(prefers_first(concise, "q", short, long, noise, rng) for _ in range(8000)) / 8000
+        assert share == pytest.approx(sigmoid(margin / noise), abs=0.02)
+    assert all(prefers_first(concise, "q", short, long, 0, rng) for _ in range(100))  # noise 0: always the better
+    assert not prefers_first(concise, "q", long, short, 0, rng)
+    assert sigmoid(-1000) == 0.0 and sigmoid(1000) == 1.0  # no overflow at the extremes
