@@ -63,3 +63,18 @@ def overlapped_choices(con: Connection) -> list[list[str]]:
         "SELECT list(choice ORDER BY annotator) FROM comparisons GROUP BY pair_id HAVING count(*) >= 2 ORDER BY pair_id"
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def version_games(con: Connection) -> list[tuple[int, int, str]]:
+    """(policy version of A, of B, choice) of every vote on a pair whose two completions come from different versions."""
+    return con.execute(
+        """
+        SELECT ca.policy_version, cb.policy_version, c.choice
+        FROM comparisons c
+        JOIN pairs p ON p.id = c.pair_id
+        JOIN completions ca ON ca.id = p.completion_a
+        JOIN completions cb ON cb.id = p.completion_b
+        WHERE ca.policy_version IS NOT NULL AND cb.policy_version IS NOT NULL AND ca.policy_version <> cb.policy_version
+        ORDER BY c.id
+        """
+    ).fetchall()
