@@ -8,6 +8,7 @@ from store import Connection, transaction
 from store.completions import Completion, NewCompletion, NewPair, add_completions, add_pairs
 
 SAME_POLICY = "same_policy"
+CROSS_VERSION = "cross_version"
 
 
 def pair_within_prompts(completions: list[Completion], queue: QueueConfig) -> list[NewPair]:
@@ -27,6 +28,25 @@ def pair_within_prompts(completions: list[Completion], queue: QueueConfig) -> li
         for group in groups.values()
         for a, b in zip(group[0::2], group[1::2])
     ]
+
+
+def pair_across_versions(newer: list[Completion], older: list[Completion], queue: QueueConfig) -> list[NewPair]:
+    """Pair each newer-version completion with an older-version one of the same prompt, one to one.
+
+    The votes on these pairs are the human win rate of the newer version. A prompt's extra
+    completions on either side stay unpaired, as do identical texts.
+    """
+    by_prompt: dict[int, list[Completion]] = defaultdict(list)
+    for completion in older:
+        by_prompt[completion.prompt_id].append(completion)
+    pairs = []
+    for completion in newer:
+        candidates = by_prompt[completion.prompt_id]
+        match = next((other for other in candidates if other.text != completion.text), None)
+        if match is not None:
+            candidates.remove(match)
+            pairs.append(NewPair(completion.prompt_id, completion.id, match.id, CROSS_VERSION, queue.draw_votes_wanted()))
+    return pairs
 
 
 def add_completions_with_pairs(
