@@ -30,12 +30,9 @@ HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 def preference_rows(path: Path, first: int, last: int) -> tuple[list[dict], list[dict]]:
     """(the first `first`, the last `last`) comparisons as TRL conversational rows."""
     from store.pref_files import read_preference_file
+    from train.reward import preference_row
 
-    rows = [
-        {"prompt": p.prompt.messages, "chosen": [{"role": "assistant", "content": p.chosen}],
-         "rejected": [{"role": "assistant", "content": p.rejected}]}
-        for p in read_preference_file(path)
-    ]
+    rows = [preference_row(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(path)]
     if first + last > len(rows):
         raise SystemExit(f"{path} has {len(rows)} pairs, fewer than --pairs {first} + --eval-pairs {last}")
     return rows[:first], rows[len(rows) - last :]

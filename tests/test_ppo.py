@@ -18,13 +18,14 @@ from train.ppo import (
     add_rewards,
     build,
     evaluate,
-    load_normalization,
+    position_ids,
     ppo_step,
     response_logprobs,
     sample,
     train_ppo,
+    trainable_parameters,
 )
-from train.reward import NORMALIZATION_FILE, build_model
+from train.reward import NORMALIZATION_FILE, build_model, read_normalization
 
 PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
 
@@ -56,7 +57,7 @@ def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
         model = PeftModel.from_pretrained(model, policy_dir)
     ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
     batch = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
-    positions = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids(batch["attention_mask"])
     with torch.no_grad():
         logits = model(**batch, position_ids=positions).logits[:, -1]
     return logits.softmax(-1).mean(0)
@@ -88,12 +89,12 @@ def favoured(peaked_model_dir, tmp_path_factory):
 def wrapped(peaked_model_dir, favoured):
     model, tokenizer = load(peaked_model_dir)
     config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
-    return build(model, favoured[1], config), tokenizer, config, load_normalization(favoured[1])
+    return build(model, favoured[1], config), tokenizer, config, read_normalization(favoured[1])
 
 
 def one_step(wrapped, beta=0.1):
     model, tokenizer, config, normalization = wrapped
-    optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if ".policy." in n or ".value." in n or n.startswith("value_head")], lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate)
     return ppo_step(model, tokenizer, normalization, optimizer, PROMPTS * 4, config, AdaptiveKL(beta, 0, 1),
                     end_of_turn_ids(model.peft_model, tokenizer), torch.Generator().manual_seed(0))
 

@@ -6,8 +6,9 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from gradio_client import Client
@@ -21,6 +22,21 @@ def toy_preferences(path: Path, n: int = 40) -> Path:
     rows = [{"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@contextmanager
+def training_app(project: Path, tmp_path: Path, prompts: int, **reward_settings) -> Iterator[tuple[Client, Client]]:
+    """A running server on a project with 40 imported comparisons and `prompts` pairs to vote on:
+    (an operator's client, an annotator's client)."""
+    set_settings(project, "reward_model", **reward_settings)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(project), check=True)
+    add_pairs(project, prompts=prompts)
+    add_users(project, {"ann": "annotator", "olga": "operator"}, "password-123")
+    server = RunningServer(project)
+    try:
+        yield Client(server.url, auth=("olga", "password-123"), verbose=False), Client(server.url, auth=("ann", "password-123"), verbose=False)
+    finally:
+        server.stop()
 
 
 def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project, tiny_model_dir, tmp_path):
@@ -90,14 +106,7 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
 def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annotators_are_still_served(tiny_project, tmp_path):
     from tests.test_jobs import wait_for
 
-    set_settings(tiny_project, "reward_model", epochs=50, batch_size=2)
-    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
-    add_pairs(tiny_project, prompts=10)
-    add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, "password-123")
-    server = RunningServer(tiny_project)
-    try:
-        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
-        annotator = Client(server.url, auth=("ann", "password-123"), verbose=False)
+    with training_app(tiny_project, tmp_path, prompts=10, epochs=50, batch_size=2) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
         wait_for(lambda: (row := operator.predict(api_name="/jobs")["data"][0])[2] == "running" and row[4])  # training steps run
         [pid] = worker_pids(tiny_project, 1)
@@ -110,8 +119,6 @@ def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annot
         assert not any(row and row[0] for row in versions["data"])  # no version listed
         view = annotator.predict(api_name="/next_pair")
         assert view[5] == "" and annotator.predict(view[0], None, "", api_name="/vote_left")[5] == ""  # still serving
-    finally:
-        server.stop()
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM reward_models").fetchone()[0] == 0
         assert con.execute("SELECT status FROM jobs").fetchone() == ("failed",)
@@ -120,14 +127,7 @@ def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annot
 
 
 def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_progress(tiny_project, tmp_path):
-    set_settings(tiny_project, "reward_model", epochs=4, batch_size=4)
-    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
-    add_pairs(tiny_project, prompts=30)
-    add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, "password-123")
-    server = RunningServer(tiny_project)
-    try:
-        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
-        annotator = Client(server.url, auth=("ann", "password-123"), verbose=False)
+    with training_app(tiny_project, tmp_path, prompts=30, epochs=4, batch_size=4) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
         seen, steps_seen, votes = set(), set(), 0
         token = annotator.predict(api_name="/next_pair")[0]
@@ -149,5 +149,3 @@ def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_pro
         steps = {curve: [row[0] for row in curves["data"] if row[2] == curve] for curve in ("loss", "batch accuracy")}
         assert steps["loss"] == steps["batch accuracy"] == list(range(1, len(steps["loss"]) + 1))  # one point per step
         assert len(steps["loss"]) >= 2
-    finally:
-        server.stop()

@@ -38,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.reward import NORMALIZATION_FILE, Normalization
+from train.reward import Normalization, read_normalization
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -132,10 +132,6 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     reward_head.requires_grad_(False)
     peft_model.set_adapter("policy")
     return PolicyWithHeads(peft_model, value_head, reward_head).to(next(model.parameters()).device).eval()
-
-
-def load_normalization(reward_dir: Path) -> Normalization:
-    return Normalization(**json.loads((reward_dir / NORMALIZATION_FILE).read_text()))
 
 
 # 1. Rollout
@@ -379,7 +375,7 @@ def train_ppo(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     wrapped = build(model, reward_dir, config, policy_dir)
-    normalization = load_normalization(reward_dir)
+    normalization = read_normalization(reward_dir)
     params = trainable_parameters(wrapped)
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, eps=1e-5)
     controller = AdaptiveKL(config.kl_coef, config.target_kl, config.kl_horizon)

@@ -80,6 +80,11 @@ class PairwiseResult:
     truncated: int
 
 
+def preference_row(prompt: Messages | str, chosen: str, rejected: str) -> PreferenceRow:
+    """A comparison in TRL's conversational preference form, as training and evaluation take it."""
+    return {"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}], "rejected": [{"role": "assistant", "content": rejected}]}
+
+
 # 1. Split
 
 
@@ -451,6 +456,10 @@ def _save(model, tokenizer, normalization: Normalization, metrics: dict[str, Any
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def read_normalization(adapter_dir: Path) -> Normalization:
+    return Normalization(**json.loads((Path(adapter_dir) / NORMALIZATION_FILE).read_text()))
+
+
 def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu") -> RewardModel:
     """A saved reward model, in eval mode, on the base model at model_path."""
     from peft import PeftModel
@@ -458,6 +467,6 @@ def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.de
     adapter_dir = Path(adapter_dir)
     tokenizer = _load_tokenizer(adapter_dir)
     model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer), adapter_dir)
-    normalization = Normalization(**json.loads((adapter_dir / NORMALIZATION_FILE).read_text()))
+    normalization = read_normalization(adapter_dir)
     max_length = json.loads((adapter_dir / METRICS_FILE).read_text())["config"]["max_length"]
     return RewardModel(model.to(device).eval(), tokenizer, normalization, max_length)

@@ -50,11 +50,11 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
 def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Train a reward model on the frozen preferences; write it to reward_model/."""
     from train.models import resolve_model_path
-    from train.reward import split_by_prompt, train_reward_model
+    from train.reward import preference_row, split_by_prompt, train_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = [
-        {"prompt": json.loads(r["prompt"]), "chosen": [_assistant(r["chosen"])], "rejected": [_assistant(r["rejected"])]}
+        preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"])
         for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()
     ]
     train_rows, eval_rows = split_by_prompt(rows, reward.eval_share, reward.seed)
@@ -105,10 +105,6 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
     result = train_ppo(model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step)
     return {"adapter": "policy", "steps": result["steps"]}
-
-
-def _assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
 
 
 RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {

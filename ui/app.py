@@ -30,7 +30,7 @@ from store.stats import annotator_stats, overlapped_choices, pair_states
 from store.users import User, get_user
 from store.votes import record_vote, votes_since
 from train.errors import ModelError
-from train.jobdir import log_tail, read_events
+from train.jobdir import log_tail
 from ui.auth import SignInGuard
 from ui.jobs import JobError, JobQueue, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.project import Project
@@ -232,10 +232,9 @@ class Handlers:
         rows = []
         for j in self.server.db(list_jobs):
             step = loss = ""
-            if j.status == "running":  # the worker's latest step, straight from its events file
-                steps = [e for e in read_events(job_dir(self.server.project, j.id), 0)[0] if "step" in e]
-                if steps:
-                    step, loss = f"{steps[-1]['step']}/{steps[-1]['total_steps']}", _figure(steps[-1].get("loss"))
+            latest = self.server.jobs.latest_progress.get(j.id, {})
+            if j.status == "running" and "step" in latest:
+                step, loss = f"{latest['step']}/{latest['total_steps']}", _figure(latest.get("loss"))
             rows.append([j.id, j.kind, j.status, _progress_bar(j.progress), step, loss,
                          j.created_at.strftime("%Y-%m-%d %H:%M:%S"), (j.error or "").split("\n")[0]])
         return rows

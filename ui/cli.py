@@ -137,7 +137,7 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
 def run_with_progress(project: Project, job: Job, label: str) -> Job:
     """Run a job's worker here, with a progress bar; a failed job becomes a one-line error and its log."""
     with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
-        job = run_job(project, project.run, job, on_progress=lambda p: bar.update(round(100 * p) - bar.n))
+        job = run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
     if job.status != "done":
         raise click.ClickException(f"job {job.id} {job.status}: {job.error}")
     return job
@@ -210,14 +210,11 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
         tether rm eval --data held-out.jsonl --project demo
     """
     from train.models import resolve_model_path
-    from train.reward import load_reward_model
+    from train.reward import load_reward_model, preference_row
 
     project = load_project(project_dir)
     version_row = project.run(get_reward_model, version)
-    rows = [
-        {"prompt": p.prompt.messages, "chosen": [{"role": "assistant", "content": p.chosen}], "rejected": [{"role": "assistant", "content": p.rejected}]}
-        for p in read_preference_file(data_file)
-    ]
+    rows = [preference_row(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(data_file)]
     if not rows:
         raise click.ClickException(f"{data_file} holds no preference pairs")
     reward_model = load_reward_model(resolve_model_path(project.config.model.name_or_path), project.root / version_row.adapter_path)

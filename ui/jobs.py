@@ -173,7 +173,7 @@ def run_job(
     run: Run,
     job: Job,
     cancelled: Callable[[], str | None] = lambda: None,
-    on_progress: Callable[[float], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Job:
     """Run the worker to its end, following its progress; ingest its result or record its failure.
 
@@ -191,9 +191,9 @@ def run_job(
     while worker.poll() is None:
         time.sleep(POLL_SECONDS)
         events, offset = read_events(directory, offset)
-        progress = [e["progress"] for e in events if "progress" in e]
+        progress = [e for e in events if "progress" in e]
         if progress:
-            run(set_progress, job.id, progress[-1])
+            run(set_progress, job.id, progress[-1]["progress"])
             if on_progress:
                 on_progress(progress[-1])
         if reason := cancelled():
@@ -251,6 +251,7 @@ class JobQueue:
     def __init__(self, project: Project, run: Run):
         self.project, self.run = project, run
         self.cancel_requested: set[int] = set()
+        self.latest_progress: dict[int, dict[str, Any]] = {}  # job id -> the worker's newest progress event
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="tether-jobs", daemon=True)
 
@@ -273,7 +274,11 @@ class JobQueue:
             if job is None:
                 self.stopping.wait(POLL_SECONDS)
                 continue
-            run_job(self.project, self.run, job, cancelled=lambda: self._stop_reason(job.id))
+
+            def remember(event: dict[str, Any], job_id: int = job.id) -> None:
+                self.latest_progress[job_id] = event
+
+            run_job(self.project, self.run, job, cancelled=lambda: self._stop_reason(job.id), on_progress=remember)
 
     def _stop_reason(self, job_id: int) -> str | None:
         if job_id in self.cancel_requested:
