@@ -5,7 +5,7 @@ from collections import defaultdict
 from annotate.queue import QueueConfig
 
 from store import Connection, transaction
-from store.completions import Completion, NewCompletion, NewPair, add_completions, add_pairs
+from store.completions import Completion, NewCompletion, NewPair, add_completions, add_pairs, completions_of
 
 SAME_POLICY = "same_policy"
 CROSS_VERSION = "cross_version"
@@ -50,11 +50,18 @@ def pair_across_versions(newer: list[Completion], older: list[Completion], queue
 
 
 def add_completions_with_pairs(
-    con: Connection, completions: list[NewCompletion], queue: QueueConfig
+    con: Connection, completions: list[NewCompletion], queue: QueueConfig, against: int | None = None
 ) -> tuple[list[Completion], list[NewPair]]:
-    """Store new completions and the pairs built from them, in one transaction."""
+    """Store new completions and the pairs built from them, in one transaction.
+
+    Pairs are within each prompt, or, given `against`, each new completion against one of that
+    policy version on the same prompt.
+    """
     with transaction(con):
         stored = add_completions(con, completions)
-        pairs = pair_within_prompts(stored, queue)
+        if against is None:
+            pairs = pair_within_prompts(stored, queue)
+        else:
+            pairs = pair_across_versions(stored, completions_of(con, against, sorted({c.prompt_id for c in stored})), queue)
         add_pairs(con, pairs)
     return stored, pairs

@@ -93,3 +93,20 @@ def set_rewards(con: Connection, rewards: dict[int, float]) -> None:
         con.execute("UPDATE completions SET reward = r.reward FROM _rewards r WHERE completions.id = r.id")
     finally:
         con.unregister("_rewards")
+
+
+def completions_of(con: Connection, policy_version: int, prompt_ids: list[int]) -> list[Completion]:
+    """A policy version's completions of these prompts, oldest first."""
+    rows = con.execute(
+        """
+        SELECT id, prompt_id, policy_version, text, token_count, finished FROM completions
+        WHERE policy_version = ? AND list_contains(?, prompt_id) ORDER BY id
+        """,
+        [policy_version, prompt_ids],
+    ).fetchall()
+    return [Completion(*row) for row in rows]
+
+
+def version_texts(con: Connection, policy_version: int) -> list[tuple[int | None, str]]:
+    """(token count, text) of every completion a policy version wrote."""
+    return con.execute("SELECT token_count, text FROM completions WHERE policy_version = ? ORDER BY id", [policy_version]).fetchall()

@@ -23,19 +23,20 @@ class Job:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+    round: int | None = None  # the training round the job is a step of
 
 
-_COLUMNS = "id, kind, status, config, progress, error, created_at, finished_at"
+_COLUMNS = "id, kind, status, config, progress, error, created_at, finished_at, round"
 
 
 def _job(row: tuple) -> Job:
     return Job(row[0], row[1], row[2], json.loads(row[3]), *row[4:])
 
 
-def add_job(con: Connection, kind: str, config: dict[str, Any]) -> Job:
+def add_job(con: Connection, kind: str, config: dict[str, Any], round_id: int | None = None) -> Job:
     row = con.execute(
-        f"INSERT INTO jobs (kind, status, config) VALUES (?, 'queued', ?) RETURNING {_COLUMNS}",
-        [kind, json.dumps(config)],
+        f"INSERT INTO jobs (kind, status, config, round) VALUES (?, 'queued', ?, ?) RETURNING {_COLUMNS}",
+        [kind, json.dumps(config), round_id],
     ).fetchone()
     return _job(row)
 
@@ -109,3 +110,7 @@ def job_metrics(con: Connection, job_id: int) -> dict[str, float]:
 def metric_series(con: Connection, job_id: int, name: str) -> list[tuple[int, float]]:
     """(step, value) of one metric of a job, in step order."""
     return con.execute("SELECT step, value FROM metrics WHERE job_id = ? AND name = ? ORDER BY step", [job_id, name]).fetchall()
+
+
+def round_jobs(con: Connection, round_id: int) -> list[Job]:
+    return [_job(row) for row in con.execute(f"SELECT {_COLUMNS} FROM jobs WHERE round = ? ORDER BY id", [round_id]).fetchall()]

@@ -23,6 +23,8 @@ _ROW_SCHEMA = pa.schema([
 class Prompt:
     id: int
     messages: Messages
+    content_hash: str
+    completions: int  # from the policy version it was fetched for
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,14 @@ def prompts_to_generate(con: Connection, policy_version: int, limit: int | None)
     """Active prompts, those with the fewest completions from this policy first."""
     rows = con.execute(
         """
-        SELECT p.id, p.messages
+        SELECT p.id, p.messages, p.content_hash, count(c.id)
         FROM prompts p
         LEFT JOIN completions c ON c.prompt_id = p.id AND c.policy_version = ?
         WHERE p.active
-        GROUP BY p.id, p.messages
+        GROUP BY p.id, p.messages, p.content_hash
         ORDER BY count(c.id), p.id
         LIMIT ?
         """,
         [policy_version, limit],
     ).fetchall()
-    return [Prompt(id=row[0], messages=json.loads(row[1])) for row in rows]
+    return [Prompt(row[0], json.loads(row[1]), row[2], row[3]) for row in rows]

@@ -157,4 +157,22 @@ MIGRATIONS = [
 
         CREATE UNIQUE INDEX comparisons_pair_annotator ON comparisons (pair_id, annotator);
     """),
+    Migration(3, "training rounds", """
+        -- A round: reward model, PPO from the newest policy, then completions of the new policy
+        -- against the old on held-back prompts. Its jobs point at it; the ingesters fill in the
+        -- versions it produced in the same transaction that registers them.
+        CREATE SEQUENCE round_id;
+        CREATE TABLE rounds (
+            id INTEGER PRIMARY KEY DEFAULT nextval('round_id'),
+            status VARCHAR NOT NULL CHECK (status IN ('running', 'done', 'failed', 'cancelled')),
+            policy_from INTEGER NOT NULL,
+            reward_version INTEGER,             -- trained in the round, or chosen when it started
+            policy_to INTEGER,
+            comparisons_at_start INTEGER NOT NULL,  -- for the scheduler: rounds every N new comparisons
+            error VARCHAR,
+            created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+            finished_at TIMESTAMP
+        );
+        ALTER TABLE jobs ADD COLUMN round INTEGER;
+    """),
 ]

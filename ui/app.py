@@ -24,6 +24,7 @@ from store import StoreError
 from store.db import utcnow
 from store.prompts import import_prompt_file
 from store.queue import QueueError, pairs_left, release_leases, serve, skip
+from store.rounds import fail_interrupted_rounds
 from store.jobs import fail_interrupted, get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices, pair_states
@@ -32,7 +33,8 @@ from store.votes import record_vote, votes_since
 from train.errors import ModelError
 from train.jobdir import log_tail
 from ui.auth import SignInGuard
-from ui.jobs import JobError, JobQueue, job_dir, submit_generation, submit_reward_training, submit_scoring
+from ui.job_queue import JobQueue
+from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.project import Project
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
@@ -78,6 +80,8 @@ class Server:
         interrupted = self.db(fail_interrupted, utcnow())
         if interrupted:
             print(f"marked {interrupted} jobs failed: the last run stopped while they ran")
+        if rounds := self.db(fail_interrupted_rounds, utcnow()):
+            print(f"marked {rounds} rounds failed: the last run stopped during them")
         self.sign_in = SignInGuard(self._password_hash)
         self.jobs = JobQueue(project, self.db)
         self.jobs.start()

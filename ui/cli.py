@@ -1,7 +1,9 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
+import random
 import re
 import sys
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -9,10 +11,13 @@ import click
 from tqdm import tqdm
 
 from annotate.export import FORMATS, export_preferences
+from annotate.judges import BUILT_IN, JudgeError, load_judge
 from store import StoreError
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file
-from store.jobs import Job, job_metrics
+from store.jobs import Job, job_metrics, metric_series
+from store.prompt_files import read_prompt_file
+from store.rounds import Round, get_round
 from store.policies import get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
@@ -23,6 +28,8 @@ from ui.auth import MIN_PASSWORD_CHARS, hash_password
 from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
+from ui.rounds import STAGES, advance_round, describe, hacking_warnings, ratings, round_history, start_round
+from ui.simulate import cast_votes, judge_against, sample_answers
 
 
 class TetherGroup(click.Group):
@@ -31,7 +38,7 @@ class TetherGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (StoreError, ModelError, ConfigError, ProjectError) as e:
+        except (StoreError, ModelError, ConfigError, ProjectError, JudgeError) as e:
             raise click.ClickException(str(e)) from None
 
 
@@ -134,10 +141,15 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
     )
 
 
+def run_with_bar(project: Project, job: Job, label: str) -> Job:
+    """Run a job's worker here, with a progress bar."""
+    with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
+        return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
+
+
 def run_with_progress(project: Project, job: Job, label: str) -> Job:
     """Run a job's worker here, with a progress bar; a failed job becomes a one-line error and its log."""
-    with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
-        job = run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
+    job = run_with_bar(project, job, label)
     if job.status != "done":
         raise click.ClickException(f"job {job.id} {job.status}: {job.error}")
     return job
@@ -166,6 +178,122 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
         f"v{job.config['reward_version']}: last step score {last['score']:.3f}, KL {last['kl']:.3f}, "
         f"response length {last['response_length']:.1f} tokens"
     )
+
+
+@cli.command("round")
+@click.option("--reward-version", type=int, help="Reward-model version to optimise against [default: train a new one on every vote so far].")
+@project_option
+def round_command(reward_version: int | None, project_dir: Path):
+    """Run a training round: reward model, PPO, then pairs of the new policy against the old for annotators.
+
+    PPO starts from the newest policy and trains on the prompts not held back ([round] in
+    tether.toml). Both policies then answer the held-back prompts, and each new answer is paired
+    with an old one: the votes on those pairs are the round's human win rate (`tether rounds`).
+
+    \b
+    Example:
+        tether round --project demo
+    """
+    project = load_project(project_dir)
+    round_ = run_round(project, reward_version)
+    summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
+    click.echo(
+        f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}, reward model v{round_.reward_version} "
+        f"(held-out accuracy {_share(summary.reward_accuracy)}), PPO score {summary.score_gain:+.3f}, final KL {summary.kl:.3f}; "
+        f"new-against-old pairs are queued for annotators"
+    )
+
+
+def run_round(project: Project, reward_version: int | None) -> Round:
+    """Run a round's jobs here, one after another, each with a progress bar."""
+    job = start_round(project, project.run, reward_version)
+    round_id = job.round
+    while job is not None:
+        job = advance_round(project, project.run, run_with_bar(project, job, STAGES[job.kind]))
+    round_ = project.run(get_round, round_id)
+    if round_.status != "done":
+        raise click.ClickException(f"round {round_id} {round_.status}: {round_.error}")
+    return round_
+
+
+@cli.command()
+@project_option
+def rounds(project_dir: Path):
+    """Show the round history, the ratings of every policy version, and signs of reward hacking.
+
+    \b
+    Example:
+        tether rounds --project demo
+    """
+    project = load_project(project_dir)
+    history = round_history(project.run)
+    if not history:
+        click.echo("no rounds yet: start one with `tether round`")
+        return
+    rows = [describe(s) for s in history]
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
+    click.echo("  ".join(k.ljust(w) for k, w in widths.items()))
+    for row in rows:
+        click.echo("  ".join(str(row[k]).ljust(w) for k, w in widths.items()))
+    if scores := ratings(project.run):
+        click.echo("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
+    for warning in hacking_warnings(project.run, history):
+        click.echo(f"warning: {warning}")
+
+
+@cli.command()
+@click.option("--judge", "judge_spec", required=True, metavar="JUDGE",
+              help=f"Built-in ({', '.join(BUILT_IN)}), module:FUNC or PATH.py:FUNC: FUNC(prompt, completion) -> float, higher is better.")
+@click.option("--noise", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs.")
+@click.option("--annotators", type=click.IntRange(min=1), default=3, show_default=True, help="Simulated annotators, voting in turn.")
+@click.option("--labels-per-round", type=click.IntRange(min=1), default=48, show_default=True, help="Votes cast before each round.")
+@click.option("--rounds", "round_count", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds to run.")
+@click.option("--eval-prompts", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Prompt file the judge compares policies on; keep it apart from the project's prompts.")
+@click.option("--eval-samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers per evaluation prompt from each policy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the annotators' noise and of the evaluation samples.")
+@project_option
+def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: int, round_count: int, eval_prompts: Path,
+             eval_samples: int, seed: int, project_dir: Path):
+    """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
+
+    The simulated annotators take pairs from the same queue, and vote through the same path, as
+    people in the app; when the queue runs dry the newest policy answers more prompts. After
+    each round the judge compares the new policy with the starting one on the evaluation prompts.
+
+    \b
+    Example:
+        tether simulate --judge concise --rounds 3 --eval-prompts eval.jsonl --project demo
+    """
+    project = load_project(project_dir)
+    judge = load_judge(judge_spec)
+    prompts = [p.messages for p in read_prompt_file(eval_prompts)]
+    rng = random.Random(seed)
+    names = [f"simulated-{i}" for i in range(1, annotators + 1)]
+    start = project.run(get_policy, None)
+    click.echo(f"sampling {eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
+    baseline = sample_answers(project, start, prompts, eval_samples, seed)
+    click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, baseline, baseline).mean_score:.3f}")
+    for number in range(1, round_count + 1):
+        began = time.monotonic()
+        votes = cast_votes(project, judge, noise, names, labels_per_round, rng)
+        while votes < labels_per_round:  # the queue ran dry: the newest policy answers the prompts again
+            run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
+            if not (more := cast_votes(project, judge, noise, names, labels_per_round - votes, rng)):
+                break
+            votes += more
+        round_ = run_round(project, None)
+        summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
+        kl = [v for _, v in project.run(metric_series, summary.ppo_job, "kl")]
+        result = judge_against(judge, prompts, sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed), baseline)
+        click.echo(
+            f"round {number}: {votes} votes; reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}; "
+            f"policy v{round_.policy_to}: judge win rate over v{start.version} {result.win_rate:.1%} "
+            f"[{result.low:.1%}, {result.high:.1%}] on {result.pairs} answers, judge mean score {result.mean_score:.3f}; "
+            f"KL {kl[-1]:.3f} at the last PPO step, {sum(kl) / len(kl):.3f} on average (target {project.config.ppo.target_kl}); "
+            f"{time.monotonic() - began:.0f} s"
+        )
 
 
 @cli.group(cls=TetherGroup)

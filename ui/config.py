@@ -31,6 +31,28 @@ class ServerConfig:
 
 
 @dataclass
+class RoundConfig:
+    held_back_share: float = field(
+        default=0.25,
+        metadata={"help": "Share of the active prompts PPO never trains on. A round pairs the new policy against the old on "
+                          "them, so the votes measure it on prompts it was not optimised for. A prompt's side is fixed by its "
+                          "content, the same round after round."},
+    )
+    per_prompt: int = field(default=2, metadata={"help": "Completions of each policy per held-back prompt in a round, paired new against old."})
+    every_comparisons: int = field(
+        default=0,
+        metadata={"help": "The app starts a round by itself once this many comparisons have come in since the last round "
+                          "started; 0 turns the scheduler off."},
+    )
+
+    def __post_init__(self):
+        if not 0 < self.held_back_share < 1:
+            raise ValueError(f"held_back_share must be between 0 and 1, got {self.held_back_share}")
+        if self.per_prompt < 1 or self.every_comparisons < 0:
+            raise ValueError("per_prompt must be at least 1 and every_comparisons at least 0")
+
+
+@dataclass
 class TetherConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -38,6 +60,7 @@ class TetherConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    round: RoundConfig = field(default_factory=RoundConfig)
 
 
 def load_config(path: Path) -> TetherConfig:

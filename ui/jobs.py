@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,9 +24,10 @@ from annotate.pairs import add_completions_with_pairs
 from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
-from store.jobs import Job, add_job, add_metrics, cancel_if_queued, finish_job, get_job, next_queued, set_progress, start_job
-from store.policies import Policy, add_policy, get_policy, policy_versions
-from store.prompts import prompts_to_generate
+from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
+from store.policies import add_policy, get_policy, policy_versions
+from store.prompts import Prompt, prompts_to_generate
+from store.rounds import set_policy_to, set_reward_version
 from store.reward_models import add_reward_model, add_snapshot, get_reward_model, next_reward_model_version
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
 from ui.project import Project
@@ -44,32 +44,50 @@ def job_dir(project: Project, job_id: int) -> Path:
     return project.root / "jobs" / str(job_id)
 
 
-def submit_generation(project: Project, run: Run, limit: int | None, per_prompt: int | None, policy_version: int | None = None) -> Job:
-    """Queue sampling for the prompts with the fewest completions from the policy."""
+def submit_generation(
+    project: Project,
+    run: Run,
+    limit: int | None,
+    per_prompt: int | None,
+    policy_version: int | None = None,
+    prompts: list[Prompt] | None = None,
+    against: int | None = None,
+    round_id: int | None = None,
+) -> Job:
+    """Queue sampling from the policy (the newest by default): for the given prompts, or those it has sampled least.
+
+    The completions are paired within each prompt or, given `against`, each with one of that
+    policy version's completions of its prompt.
+    """
     generation = project.config.generation
     if per_prompt is not None:
         generation = dataclasses.replace(generation, per_prompt=per_prompt)
-    policy, prompts = _policy_and_prompts(run, policy_version, limit)
+    policy = run(get_policy, policy_version)
+    if prompts is None:
+        prompts = run(prompts_to_generate, policy.version, limit)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "generation": dataclasses.asdict(generation),
         "sampling": generation.sampling_params(),
         "policy_version": policy.version,
         "adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
+        "against": against,
     }
-    return _submit(project, run, "generate", config, {"prompts": prompts})
+    return _submit(project, run, "generate", config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
-def _policy_and_prompts(run: Run, policy_version: int | None, limit: int | None) -> tuple[Policy, pa.Table]:
-    """The policy version (the newest by default) and the active prompts, those it has sampled least first, as a job input."""
-    policy = run(get_policy, policy_version)
-    prompts = run(prompts_to_generate, policy.version, limit)
+def _prompt_table(prompts: list[Prompt]) -> pa.Table:
     if not prompts:
         raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
-    return policy, pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
+    return pa.Table.from_pylist([{"prompt_id": p.id, "messages": json.dumps(p.messages)} for p in prompts])
 
 
-def submit_reward_training(project: Project, run: Run, include_imported: bool | None = None) -> Job:
+def is_held_back(prompt: Prompt, share: float) -> bool:
+    """Whether PPO leaves this prompt out, so that rounds compare policies on it; fixed by its content."""
+    return int(prompt.content_hash[:8], 16) < share * 16**8
+
+
+def submit_reward_training(project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None) -> Job:
     """Queue training a reward model on a frozen snapshot of the project's resolved comparisons."""
     reward = project.config.reward_model
     if include_imported is not None:
@@ -82,7 +100,7 @@ def submit_reward_training(project: Project, run: Run, include_imported: bool | 
         for r in rows
     ])
     config = {"model": dataclasses.asdict(project.config.model), "reward_model": dataclasses.asdict(reward)}
-    return _submit(project, run, "reward_model", config, {"preferences": snapshot})
+    return _submit(project, run, "reward_model", config, {"preferences": snapshot}, round_id)
 
 
 def submit_scoring(project: Project, run: Run, version: int | None = None) -> Job:
@@ -101,10 +119,17 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
     return _submit(project, run, "score", config, {"completions": table})
 
 
-def submit_ppo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None) -> Job:
-    """Queue PPO from a policy version against a reward model (the newest of each by default), on the active prompts."""
+def submit_ppo(
+    project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None, round_id: int | None = None
+) -> Job:
+    """Queue PPO from a policy version against a reward model (the newest of each by default).
+
+    PPO trains on the active prompts that rounds do not hold back for comparing policies.
+    """
     reward_model = run(get_reward_model, reward_version)
-    policy, prompts = _policy_and_prompts(run, policy_version, None)
+    policy = run(get_policy, policy_version)
+    share = project.config.round.held_back_share
+    prompts = [p for p in run(prompts_to_generate, policy.version, None) if not is_held_back(p, share)]
     config = {
         "model": dataclasses.asdict(project.config.model),
         "ppo": dataclasses.asdict(project.config.ppo),
@@ -113,11 +138,13 @@ def submit_ppo(project: Project, run: Run, reward_version: int | None = None, po
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    return _submit(project, run, "ppo", config, {"prompts": prompts})
+    return _submit(project, run, "ppo", config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
-def _submit(project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table]) -> Job:
-    job = run(add_job, kind, config)
+def _submit(
+    project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table], round_id: int | None = None
+) -> Job:
+    job = run(add_job, kind, config, round_id)
     directory = job_dir(project, job.id)
     try:
         written = write_job(directory, kind, config, inputs)
@@ -137,7 +164,7 @@ def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[s
         for r in rows
     ]
     with transaction(con):
-        stored, pairs = add_completions_with_pairs(con, completions, project.config.queue)
+        stored, pairs = add_completions_with_pairs(con, completions, project.config.queue, job.config.get("against"))
         add_metrics(con, job.id, 0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})
         finish_job(con, job.id, "done", utcnow())
 
@@ -154,6 +181,8 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
     steps = [e for e in read_events(directory, 0)[0] if "loss" in e]
     with transaction(con):
         add_reward_model(con, version, read_job(directory)["inputs"]["preferences"], str(target), {**metrics, "job": job.id})
+        if job.round is not None:
+            set_reward_version(con, job.round, version)
         for event in steps:
             add_metrics(con, job.id, event["step"], {"loss": event["loss"], "train_accuracy": event["accuracy"]})
         add_metrics(con, job.id, metrics.get("steps", 0), {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
@@ -216,7 +245,9 @@ def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any
     (project.root / target).parent.mkdir(exist_ok=True)
     (directory / result["adapter"]).rename(project.root / target)  # as for reward models: files first, then the rows
     with transaction(con):
-        add_policy(con, version, str(target), parent=job.config["policy_version"])
+        add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round)
+        if job.round is not None:
+            set_policy_to(con, job.round, version)
         for stats in result["steps"]:
             add_metrics(con, job.id, stats["step"], {k: float(v) for k, v in stats.items() if k != "step"})
         finish_job(con, job.id, "done", utcnow())
@@ -243,47 +274,3 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "score": ingest_scores,
     "ppo": ingest_ppo,
 }
-
-
-class JobQueue:
-    """The app's job runner: one job at a time, oldest first, in a background thread."""
-
-    def __init__(self, project: Project, run: Run):
-        self.project, self.run = project, run
-        self.cancel_requested: set[int] = set()
-        self.latest_progress: dict[int, dict[str, Any]] = {}  # job id -> the worker's newest progress event
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="tether-jobs", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        """Cancel the running job, if any, and wait until its worker is gone."""
-        self.stopping.set()
-        self.thread.join(timeout=30)
-
-    def cancel(self, job_id: int) -> None:
-        """A queued job is cancelled at once; a running one as soon as the runner looks."""
-        self.cancel_requested.add(job_id)
-        self.run(cancel_if_queued, job_id, utcnow())
-
-    def _loop(self) -> None:
-        while not self.stopping.is_set():
-            job = self.run(next_queued)
-            if job is None:
-                self.stopping.wait(POLL_SECONDS)
-                continue
-
-            def remember(event: dict[str, Any], job_id: int = job.id) -> None:
-                self.latest_progress[job_id] = event
-
-            run_job(self.project, self.run, job, cancelled=lambda: self._stop_reason(job.id), on_progress=remember)
-
-    def _stop_reason(self, job_id: int) -> str | None:
-        if job_id in self.cancel_requested:
-            return "cancelled by an operator"
-        if self.stopping.is_set():
-            return "the server stopped"
-        return None
-

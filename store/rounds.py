@@ -1,0 +1,100 @@
+"""Training rounds: which policy a round started from, and what it produced."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from store.db import Connection, StoreError
+from store.jobs import FINISHED
+
+
+@dataclass(frozen=True)
+class Round:
+    id: int
+    status: str  # running, done, failed or cancelled
+    policy_from: int
+    reward_version: int | None
+    policy_to: int | None
+    comparisons_at_start: int
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+_COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_start, error, created_at, finished_at"
+
+
+def comparisons_made(con: Connection) -> int:
+    """Votes cast in this project, by people or simulated annotators; imported ones do not count."""
+    return con.execute("SELECT count(*) FROM comparisons WHERE source <> 'import'").fetchone()[0]
+
+
+def add_round(con: Connection, policy_from: int, reward_version: int | None) -> Round:
+    if (running := running_round(con)) is not None:
+        raise StoreError(f"round {running.id} is still running: cancel it or wait for it to finish")
+    row = con.execute(
+        f"""
+        INSERT INTO rounds (status, policy_from, reward_version, comparisons_at_start)
+        VALUES ('running', ?, ?, ?) RETURNING {_COLUMNS}
+        """,
+        [policy_from, reward_version, comparisons_made(con)],
+    ).fetchone()
+    return Round(*row)
+
+
+def get_round(con: Connection, round_id: int) -> Round:
+    row = con.execute(f"SELECT {_COLUMNS} FROM rounds WHERE id = ?", [round_id]).fetchone()
+    if row is None:
+        raise StoreError(f"no round {round_id}")
+    return Round(*row)
+
+
+def list_rounds(con: Connection) -> list[Round]:
+    return [Round(*row) for row in con.execute(f"SELECT {_COLUMNS} FROM rounds ORDER BY id").fetchall()]
+
+
+def running_round(con: Connection) -> Round | None:
+    row = con.execute(f"SELECT {_COLUMNS} FROM rounds WHERE status = 'running'").fetchone()
+    return Round(*row) if row else None
+
+
+def last_round(con: Connection) -> Round | None:
+    row = con.execute(f"SELECT {_COLUMNS} FROM rounds ORDER BY id DESC LIMIT 1").fetchone()
+    return Round(*row) if row else None
+
+
+def set_reward_version(con: Connection, round_id: int, version: int) -> None:
+    con.execute("UPDATE rounds SET reward_version = ? WHERE id = ?", [version, round_id])
+
+
+def set_policy_to(con: Connection, round_id: int, version: int) -> None:
+    con.execute("UPDATE rounds SET policy_to = ? WHERE id = ?", [version, round_id])
+
+
+def finish_round(con: Connection, round_id: int, status: str, now: datetime, error: str | None = None) -> None:
+    """Mark a running round done, failed or cancelled; a finished one stays as it is."""
+    if status not in FINISHED:
+        raise StoreError(f"a round finishes as one of {', '.join(FINISHED)}, not {status!r}")
+    con.execute(
+        "UPDATE rounds SET status = ?, error = ?, finished_at = ? WHERE id = ? AND status = 'running'",
+        [status, error, now, round_id],
+    )
+
+
+def fail_interrupted_rounds(con: Connection, now: datetime) -> int:
+    """Rounds whose jobs nobody runs any more: every job of theirs has finished, yet they have not."""
+    return con.execute(
+        """
+        UPDATE rounds SET status = 'failed', error = 'the process running it stopped', finished_at = ?
+        WHERE status = 'running'
+          AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.round = rounds.id AND j.status IN ('queued', 'running'))
+        """,
+        [now],
+    ).fetchone()[0]
+
+
+def current_job_id(con: Connection, round_id: int) -> int | None:
+    """The round's job that is queued or running, if any."""
+    row = con.execute(
+        "SELECT id FROM jobs WHERE round = ? AND status IN ('queued', 'running') ORDER BY id LIMIT 1", [round_id]
+    ).fetchone()
+    return row[0] if row else None

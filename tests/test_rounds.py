@@ -1,0 +1,134 @@
+"""Rounds and simulated annotators on the tiny model: the whole loop, through the real CLI and worker."""
+
+import json
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from store import open_database
+from store.prompt_files import read_prompt_file
+from store.prompts import Prompt
+from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
+from ui.jobs import is_held_back
+from ui.rounds import repeated_trigram_share
+
+
+def short_training(project: Path) -> None:
+    set_settings(project, "ppo", steps=1, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=6)
+    set_settings(project, "reward_model", batch_size=4)
+
+
+def held_back_ids(project: Path, share: float = 0.25) -> set[int]:
+    with closing(open_database(project / "tether.duckdb")) as con:
+        rows = con.execute("SELECT id, content_hash FROM prompts WHERE active").fetchall()
+    return {pid for pid, content_hash in rows if is_held_back(Prompt(pid, [], content_hash, 0), share)}
+
+
+def test_the_held_back_prompts_are_a_stable_share_chosen_by_content():
+    prompts = read_prompt_file(DEMO_PROMPTS)
+    chosen = [p for p in prompts if is_held_back(Prompt(0, p.messages, p.content_hash, 0), 0.25)]
+    assert 2 <= len(chosen) <= 12  # about a quarter of 28
+    assert chosen == [p for p in read_prompt_file(DEMO_PROMPTS) if is_held_back(Prompt(9, [], p.content_hash, 5), 0.25)]
+    assert not [p for p in prompts if is_held_back(Prompt(0, [], p.content_hash, 0), 0.0)]
+
+
+def test_repeated_trigram_share_counts_loops_within_a_response():
+    assert repeated_trigram_share([(5, "the cat sat on the mat")]) == 0.0
+    looping = repeated_trigram_share([(9, "I am here I am here I am here")])  # 7 trigrams, 3 distinct
+    assert looping == pytest.approx(4 / 7)
+    assert repeated_trigram_share([(3, "a b c"), (3, "a b c")]) == 0.0  # the same phrase in two responses is no loop
+
+
+def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs(tiny_project):
+    short_training(tiny_project)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    nothing = run_tether("round", "--project", str(tiny_project))
+    assert nothing.returncode == 1 and "no resolved comparisons" in nothing.stderr
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    done = run_tether("round", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("round 2: policy v1 from v0, reward model v1")  # round 1 failed above, and is kept
+    held_back = held_back_ids(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rounds = con.execute("SELECT id, status, policy_from, reward_version, policy_to, error FROM rounds ORDER BY id").fetchall()
+        jobs = con.execute("SELECT kind, status, config->>'policy_version', config->>'against' FROM jobs WHERE round = 2 ORDER BY id").fetchall()
+        ppo_dir = con.execute("SELECT id FROM jobs WHERE round = 2 AND kind = 'ppo'").fetchone()[0]
+        policy = con.execute("SELECT version, parent, round FROM policies WHERE version = 1").fetchone()
+        cross = con.execute(
+            """
+            SELECT p.prompt_id, ca.prompt_id, cb.prompt_id, ca.policy_version, cb.policy_version
+            FROM pairs p JOIN completions ca ON ca.id = p.completion_a JOIN completions cb ON cb.id = p.completion_b
+            WHERE p.strategy = 'cross_version'
+            """
+        ).fetchall()
+    assert rounds[0][1] == "failed" and "no resolved comparisons" in rounds[0][5]
+    assert rounds[1] == (2, "done", 0, 1, 1, None)
+    # v0 answered every prompt twice already, so the round only samples the new policy.
+    assert jobs == [("reward_model", "done", None, None), ("ppo", "done", "0", None), ("generate", "done", "1", "0")]
+    assert policy == (1, 0, 2)
+    trained_on = {r["prompt_id"] for r in read_parquet(tiny_project / "jobs" / str(ppo_dir) / "inputs" / "prompts.parquet")}
+    assert trained_on and not trained_on & held_back, "PPO must not train on the held-back prompts"
+    assert cross and {c[0] for c in cross} <= held_back
+    for prompt, a_prompt, b_prompt, a_version, b_version in cross:
+        assert prompt == a_prompt == b_prompt and (a_version, b_version) == (1, 0)
+
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+    assert "v0 → v1" in history and "failed" in history
+
+
+def vote_every_pair(project: Path, annotator: str = "tester") -> int:
+    """Vote 'a' on every pair through the queue, as the app does; returns the votes."""
+    from store.db import utcnow
+    from store.queue import serve
+    from store.votes import record_vote
+
+    votes = 0
+    with closing(open_database(project / "tether.duckdb")) as con:
+        while (assignment := serve(con, annotator, "random", 600, utcnow())) is not None:
+            record_vote(con, annotator, assignment.token, "left", None, None, utcnow())
+            votes += 1
+    return votes
+
+
+def read_parquet(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, tmp_path):
+    short_training(tiny_project)
+    set_settings(tiny_project, "queue", overlap_share=0.5)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(5)))
+
+    result = run_tether(
+        "simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10",
+        "--rounds", "2", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--project", str(tiny_project),
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("round 0: policy v0, judge mean score")
+    for number in (1, 2):
+        line = next(line for line in lines if line.startswith(f"round {number}:"))
+        assert f"policy v{number}: judge win rate over v0" in line and "on 10 answers" in line and "KL" in line
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        votes = con.execute("SELECT annotator, source, count(*) FROM comparisons GROUP BY ALL ORDER BY annotator").fetchall()
+        open_leases = con.execute("SELECT count(*) FROM assignments WHERE closed_at IS NULL").fetchone()[0]
+        overlapped = con.execute("SELECT count(*) FROM (SELECT pair_id FROM comparisons GROUP BY pair_id HAVING count(*) = 2)").fetchone()[0]
+        rounds = con.execute("SELECT status, policy_from, policy_to FROM rounds ORDER BY id").fetchall()
+    assert sum(n for _, _, n in votes) == 20 and {(a, s) for a, s, _ in votes} == {("simulated-1", "simulate"), ("simulated-2", "simulate")}
+    assert open_leases == 0
+    assert overlapped > 0  # pairs the queue wants two votes on got both annotators
+    assert rounds == [("done", 0, 1), ("done", 1, 2)]
+
+
+def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"prompt": "Hi"}) + "\n")
+    result = run_tether("simulate", "--judge", "nosuch", "--eval-prompts", str(eval_file), "--project", str(tiny_project))
+    assert result.returncode == 1 and "judge 'nosuch'" in result.stderr and "Traceback" not in result.stderr
