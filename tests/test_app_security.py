@@ -24,6 +24,11 @@ OPERATOR_CALLS = {
     "/train_reward_model": (True,),
     "/score_completions": (),
     "/reward_models": (None,),
+    "/round_status": (),
+    "/rounds": (None,),
+    "/start_round": (None,),
+    "/cancel_round": (),
+    "/set_schedule": (5,),
 }
 
 

@@ -4,6 +4,7 @@ This process is the database's one writer: every read and write goes through `Se
 which serialises them on one connection. Handlers come first, the layout after them.
 """
 
+import dataclasses
 import html
 import json
 import shutil
@@ -24,18 +25,20 @@ from store import StoreError
 from store.db import utcnow
 from store.prompts import import_prompt_file
 from store.queue import QueueError, pairs_left, release_leases, serve, skip
-from store.rounds import fail_interrupted_rounds
+from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.jobs import fail_interrupted, get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices, pair_states
 from store.users import User, get_user
 from store.votes import record_vote, votes_since
 from train.errors import ModelError
-from train.jobdir import log_tail
+from train.jobdir import log_tail, read_events
 from ui.auth import SignInGuard
 from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
-from ui.project import Project
+from ui.config import write_config
+from ui.project import CONFIG_FILE, Project
+from ui.rounds import STAGES, describe, hacking_warnings, ratings, round_history, start_round
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
 CHOICES = [
@@ -65,6 +68,15 @@ CSS = """
 .tether-side { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: .8em; min-height: 8em; }
 .tether-side h3 { margin: 0 0 .4em 0; }
 """
+
+
+# The PPO statistics the Loop tab plots per step, with their titles.
+PPO_CURVES = {
+    "score": "Reward-model score",
+    "kl": "KL to the reference",
+    "entropy": "Entropy",
+    "response_length": "Response length (tokens)",
+}
 
 
 class Server:
@@ -286,6 +298,74 @@ class Handlers:
         choice = gr.update(choices=[rm.version for rm in versions], value=shown.version if shown else None)
         return table, choice, pd.DataFrame(curves, columns=["step", "value", "curve"])
 
+    def loop_status(self, request: gr.Request) -> str:
+        """One line on the running round, if any, and the scheduler."""
+        self.server.operator(request)
+        every = self.server.project.config.round.every_comparisons
+        schedule = f"the scheduler starts a round every {every} new comparisons" if every else "the scheduler is off"
+        round_ = self.server.db(running_round)
+        if round_ is None:
+            return f"No round running; {schedule}."
+        job_id = self.server.db(current_job_id, round_.id)
+        if job_id is None:  # between one job's end and the next one's start
+            return f"Round {round_.id} from policy v{round_.policy_from}: queuing its next step; {schedule}."
+        job = self.server.db(get_job, job_id)
+        latest = self.server.jobs.latest_progress.get(job.id, {})
+        step = f", step {latest['step']}/{latest['total_steps']}" if job.status == "running" and "step" in latest else ""
+        return (f"Round {round_.id} from policy v{round_.policy_from}: {STAGES[job.kind]} (job {job.id}) {job.status} "
+                f"{_progress_bar(job.progress)}{step}; {schedule}.")
+
+    def loop_data(self, shown_round: int | None, request: gr.Request) -> tuple:
+        """The round history, the ratings, the warnings, and the PPO curves of one round (the newest unless chosen)."""
+        self.server.operator(request)
+        history = round_history(self.server.db)
+        table = [list(describe(summary).values()) for summary in reversed(history)]
+        scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
+        warnings = "\n".join(hacking_warnings(self.server.db, history)) or "None."
+        with_ppo = [summary for summary in history if summary.ppo_job is not None]
+        shown = next((s for s in with_ppo if s.round.id == shown_round), with_ppo[-1] if with_ppo else None)
+        steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
+        choice = gr.update(choices=[s.round.id for s in with_ppo], value=shown.round.id if shown else None)
+        return table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, *(steps[["step", name]] for name in PPO_CURVES)
+
+    def _ppo_steps(self, job_id: int) -> pd.DataFrame:
+        """Per-step PPO statistics: from the database once the job is done, from its worker's events while it runs."""
+        job = self.server.db(get_job, job_id)
+        if job.status == "done":
+            series = {name: dict(self.server.db(metric_series, job.id, name)) for name in PPO_CURVES}
+            rows = [{"step": step, **{name: series[name].get(step) for name in PPO_CURVES}} for step in sorted(series["score"])]
+        else:
+            events = read_events(job_dir(self.server.project, job.id), 0)[0]
+            rows = [{"step": e["step"], **{name: e[name] for name in PPO_CURVES}} for e in events if "step" in e]
+        return pd.DataFrame(rows, columns=["step", *PPO_CURVES])
+
+    def start_round(self, reward_version: float | None, request: gr.Request) -> str:
+        self.server.operator(request)
+        with user_errors():
+            job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None)
+        return f"Started round {job.round}: its first job is {job.id} ({STAGES[job.kind]})."
+
+    def cancel_round(self, request: gr.Request) -> str:
+        self.server.operator(request)
+        round_ = self.server.db(running_round)
+        if round_ is None:
+            raise gr.Error("No round is running.")
+        # The round first, so the job queue does not go on to its next job.
+        self.server.db(finish_round, round_.id, "cancelled", utcnow(), "cancelled by an operator")
+        if (job_id := self.server.db(current_job_id, round_.id)) is not None:
+            self.server.jobs.cancel(job_id)
+        return f"Cancelled round {round_.id}."
+
+    def set_schedule(self, every: float | None, request: gr.Request) -> str:
+        """Change [round] every_comparisons, now and in tether.toml."""
+        self.server.operator(request)
+        if every is None or every < 0 or every != int(every):
+            raise gr.Error("The number of comparisons must be a whole number, 0 or more.")
+        project = self.server.project
+        project.config.round = dataclasses.replace(project.config.round, every_comparisons=int(every))
+        write_config(project.root / CONFIG_FILE, project.config)
+        return f"A round starts every {int(every)} new comparisons." if every else "The scheduler is off."
+
     def export_data(self, fmt: str, include_ties: bool, min_agreement: float, request: gr.Request) -> str:
         self.server.operator(request)
         folder = Path(tempfile.mkdtemp(prefix="tether-export-"))
@@ -429,6 +509,8 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
         timer.tick(handlers.job_table, outputs=[jobs], api_name="jobs", api_visibility="undocumented", show_progress="hidden")
         show_log.click(handlers.job_log, inputs=[job_id], outputs=[log], api_name="job_log", api_visibility="undocumented")
         cancel.click(handlers.cancel_job, inputs=[job_id], outputs=[jobs], api_name="cancel_job", api_visibility="undocumented")
+    with gr.Tab("Loop"):
+        build_loop_tab(handlers, timer)
     with gr.Tab("Export"):
         fmt = gr.Radio(["hf", "parquet", "jsonl"], value="hf", label="Format")
         include_ties = gr.Checkbox(label="Raw export: every vote, ties and both-bad included")
@@ -439,6 +521,36 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
             handlers.export_data, inputs=[fmt, include_ties, min_agreement], outputs=[download],
             api_name="export", api_visibility="undocumented",
         )
+
+
+def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
+    status = gr.Textbox(label="Round", interactive=False)
+    with gr.Row():
+        reward_version = gr.Number(label="Reward-model version (empty: train a new one on every vote so far)", precision=0, minimum=1)
+        start = gr.Button("Start a round", variant="primary")
+        cancel = gr.Button("Cancel the round", variant="stop")
+    with gr.Row():
+        every = gr.Number(label="Start a round every N new comparisons (0: off)", precision=0, minimum=0)
+        save_every = gr.Button("Save the schedule")
+    result = gr.Textbox(label="Result", interactive=False)
+    refresh = gr.Button("Refresh")
+    history = gr.Dataframe(
+        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL", "win rate [95% CI]", "votes"],
+        label="Rounds, newest first: the human win rate of each new policy over the one it started from", interactive=False,
+    )
+    with gr.Row():
+        scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)", interactive=False, scale=1)
+        warnings = gr.Textbox(label="Signs of reward hacking", lines=4, interactive=False, scale=3)
+    shown = gr.Dropdown(label="PPO steps of round", choices=[])
+    with gr.Row():
+        plots = [gr.LinePlot(x="step", y=name, title=title) for name, title in PPO_CURVES.items()]
+    outputs = [history, scores, warnings, shown, *plots]
+    timer.tick(handlers.loop_status, outputs=[status], api_name="round_status", api_visibility="undocumented", show_progress="hidden")
+    start.click(handlers.start_round, inputs=[reward_version], outputs=[result], api_name="start_round", api_visibility="undocumented")
+    cancel.click(handlers.cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")
+    save_every.click(handlers.set_schedule, inputs=[every], outputs=[result], api_name="set_schedule", api_visibility="undocumented")
+    refresh.click(handlers.loop_data, inputs=[shown], outputs=outputs, api_name="rounds", api_visibility="undocumented")
+    shown.input(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented")
 
 
 def build_app(server: Server) -> gr.Blocks:

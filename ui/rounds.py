@@ -46,6 +46,8 @@ def start_round(project: Project, run: Run, reward_version: int | None = None) -
 def advance_round(project: Project, run: Run, job: Job) -> Job | None:
     """After one of a round's jobs finished: queue the next one, or finish the round. Returns the next job."""
     round_ = run(get_round, job.round)
+    if round_.status != "running":  # cancelled by an operator while this job finished
+        return None
     if job.status != "done":
         run(finish_round, round_.id, "cancelled" if job.status == "cancelled" else "failed", utcnow(), f"{STAGES[job.kind]}: {job.error}")
         return None

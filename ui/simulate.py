@@ -64,7 +64,7 @@ def sample_answers(project: Project, policy: Policy, prompts: list[Messages], pe
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
     adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
     model, tokenizer = load_model(project.config.model, adapter)
-    return [g.text for g in generate(model, tokenizer, prompts, config, progress=False)]
+    return [g.text for g in generate(model, tokenizer, prompts, config)]
 
 
 def judge_against(judge: Judge, prompts: list[Messages], candidate: list[str], baseline: list[str]) -> JudgeEvaluation:

@@ -1,0 +1,144 @@
+"""The operator's loop console: rounds started, watched, cancelled and scheduled through a real app server."""
+
+import time
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from gradio_client import Client
+
+from store import open_database
+from store.completions import NewCompletion, NewPair, add_completions, add_pairs
+from store.jobs import add_job, add_metrics, finish_job
+from store.db import utcnow
+from store.policies import add_policy
+from store.prompt_files import NewPrompt
+from store.prompts import add_prompts
+from store.rounds import add_round, finish_round, set_policy_to
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
+from tests.test_rounds import short_training, vote_every_pair
+from ui.rounds import hacking_warnings, round_history
+
+PASSWORD = "password-123"
+
+
+@contextmanager
+def loop_app(project: Path, ppo_steps: int = 1, reward_epochs: int = 1) -> Iterator[tuple[Client, Client]]:
+    """A running app on a project whose v0 pairs all have a vote: (an operator's client, an annotator's)."""
+    short_training(project)
+    set_settings(project, "ppo", steps=ppo_steps)
+    set_settings(project, "reward_model", epochs=reward_epochs)
+    set_settings(project, "queue", overlap_share=0.0)  # every pair wants one vote: after ours, only a round's pairs are left
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(project), check=True)
+    run_tether("generate", "--project", str(project), check=True)
+    vote_every_pair(project)
+    add_users(project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
+    server = RunningServer(project)
+    try:
+        yield Client(server.url, auth=("olga", PASSWORD), verbose=False), Client(server.url, auth=("ann", PASSWORD), verbose=False)
+    finally:
+        server.stop()
+
+
+def wait_for_no_round(operator: Client, seen: set[str], timeout: float = 300) -> str:
+    """Poll the round status line as the app's timer does, collecting what it showed, until no round runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = operator.predict(api_name="/round_status")
+        seen.add(status)
+        if status.startswith("No round running"):
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"the round did not finish: {status}")
+
+
+def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_ratings(tiny_project):
+    with loop_app(tiny_project, ppo_steps=3) as (operator, annotator):
+        started = operator.predict(None, api_name="/start_round")
+        assert started == "Started round 1: its first job is 2 (reward model)."  # job 1 generated the v0 pairs
+        seen: set[str] = set()
+        wait_for_no_round(operator, seen)
+        stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
+        assert {"reward model", "PPO"} <= stages, seen
+
+        history, scores, warnings, shown, score, kl, entropy, length = operator.predict(None, api_name="/rounds")
+        assert history["data"][0][:4] == [1, "done", "v0 → v1", "v1"]
+        assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
+        for plot, name in ((score, "score"), (kl, "kl"), (entropy, "entropy"), (length, "response_length")):
+            assert [row[0] for row in plot["data"]] == [1, 2, 3], name
+        assert kl["data"][0][1] == 0.0  # the policy is the reference at the first step
+
+        # The annotator is served the new-against-old pairs; their votes become the round's win rate.
+        votes = 0
+        token = annotator.predict(api_name="/next_pair")[0]
+        while token and votes < 50:
+            token = annotator.predict(token, None, "", api_name="/vote_left")[0]
+            votes += 1
+        history, scores, *_ = operator.predict(None, api_name="/rounds")
+        assert history["data"][0][8] == votes > 0
+        assert history["data"][0][7].endswith("]")  # the rate with its interval
+        assert {row[0] for row in scores["data"]} == {"v0", "v1"}
+
+
+def test_cancelling_a_round_stops_its_job_and_queues_nothing_after_it(tiny_project):
+    with loop_app(tiny_project, reward_epochs=50) as (operator, _):  # training long enough to cancel
+        operator.predict(None, api_name="/start_round")
+        deadline = time.monotonic() + 120
+        while "running" not in operator.predict(api_name="/round_status") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert operator.predict(api_name="/cancel_round") == "Cancelled round 1."
+        wait_for_no_round(operator, set())
+        time.sleep(2)  # a queue that wrongly went on would have queued PPO by now
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rounds = con.execute("SELECT status, error FROM rounds").fetchall()
+        jobs = con.execute("SELECT kind, status FROM jobs WHERE round = 1").fetchall()
+    assert rounds == [("cancelled", "cancelled by an operator")]
+    assert jobs == [("reward_model", "cancelled")]
+
+
+def test_the_scheduler_starts_a_round_after_n_new_comparisons(tiny_project):
+    with loop_app(tiny_project) as (operator, annotator):
+        assert operator.predict(api_name="/round_status") == "No round running; the scheduler is off."
+        assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
+        # Every v0 pair was voted on before the app started, so those votes already count: a round is due.
+        deadline = time.monotonic() + 60
+        while not operator.predict(api_name="/round_status").startswith("Round 1") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "the scheduler starts a round every 3 new comparisons" in operator.predict(api_name="/round_status")
+        wait_for_no_round(operator, set())
+        time.sleep(2)  # no new votes since round 1 started: no second round
+        history, *_ = operator.predict(None, api_name="/rounds")
+        assert [row[:2] for row in history["data"]] == [[1, "done"]]
+    assert "every_comparisons = 3" in (tiny_project / "tether.toml").read_text()
+
+
+def test_warnings_name_reward_up_while_people_prefer_the_old_policy_and_drift_in_length_and_repetition(tmp_path):
+    from ui.project import init_project
+
+    project = init_project(tmp_path / "project")
+    with closing(project.connect()) as con:
+        add_prompts(con, [NewPrompt([{"role": "user", "content": f"Question {i}?"}], "test") for i in range(12)])
+        prompt_ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
+        add_policy(con, 1, "policies/v1", parent=0, round=1)
+        round_ = add_round(con, 0, None)
+        job = add_job(con, "ppo", {"ppo": {"steps": 3}}, round_.id)
+        for step, score in enumerate([-0.5, 0.2, 0.9], start=1):
+            add_metrics(con, job.id, step, {"score": score, "kl": 0.1 * step})
+        finish_job(con, job.id, "done", utcnow())
+        set_policy_to(con, round_.id, 1)
+        finish_round(con, round_.id, "done", utcnow())
+        old = add_completions(con, [NewCompletion(p, 0, f"A short answer about topic {p}.", 8, True, {}) for p in prompt_ids])
+        new = add_completions(con, [NewCompletion(p, 1, "great great great " * 10, 31, False, {}) for p in prompt_ids])
+        add_pairs(con, [NewPair(p, a.id, b.id, "cross_version") for p, a, b in zip(prompt_ids, new, old)])
+        for pair_id in range(1, 13):  # every vote for the old policy's answer (b)
+            con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'ann', 'b')", [pair_id])
+
+    warnings = hacking_warnings(project.run, round_history(project.run))
+    assert len(warnings) == 3, warnings
+    assert "score rose by 1.40 during PPO, but annotators preferred the new policy in only 0% of 12 votes" in warnings[0]
+    assert "drifted in length, 8 to 31 tokens" in warnings[1]
+    assert "repeated phrases rose from 0% to" in warnings[2]
+
+    with closing(project.connect()) as con:  # the same round where people liked the new answers: no warning of the first kind
+        con.execute("UPDATE comparisons SET choice = 'a'")
+    assert not any("score rose" in w for w in hacking_warnings(project.run, round_history(project.run)))
