@@ -1,0 +1,235 @@
+"""PPO: Tether's train_ppo against TRL 1.12.0's PPOTrainer used directly.
+
+TRL 1.12.0 is the last TRL with PPO (`trl.experimental.ppo`), so that arm runs in its own virtual
+environment, .bench/trl-1.12.0, made on first use with TRL_REQUIREMENTS. Each arm runs in its own
+child process so that its peak memory is its own, both in the same invocation, because this
+machine is noisy.
+
+Both arms run --steps PPO steps on the default model with a LoRA policy of the same rank, alpha
+and target modules (all linear layers), on the demo prompts: --batch-size responses a step,
+sampled at the same temperature (top-k and top-p off) up to --max-new-tokens, --epochs passes of
+an optimiser step per minibatch of --minibatch-size (TRL's batch is per_device_train_batch_size,
+split into num_mini_batches), the same learning rate, a fixed KL coefficient (Tether's
+target_kl 0), and the same clip ranges, value-loss weight, GAE gamma and lambda and missing-EOS
+penalty. The reference is the base with the adapters disabled in both.
+Reward quality is irrelevant to speed, so the reward model is untrained: a fresh LoRA adapter on
+the base and a random score head, saved in Tether's format for Tether, and merged into a full
+sequence classifier for TRL, which copies it for its reward and value models.
+
+What differs, by design of each trainer:
+- models: Tether holds one base with policy, value and reward adapters; TRL holds the base with
+  the policy adapter, and two more full models, the value model (trained in full) and the
+  reward model. That is what the memory comparison measures;
+- log-probs: TRL takes the rollout's from generate's scores; Tether recomputes them, with the
+  entropy, in a forward pass;
+- TRL decays the learning rate linearly and never clips gradients; Tether keeps it constant and
+  clips at max_grad_norm. AdamW's epsilon is 1e-8 in TRL, 1e-5 in Tether;
+- prompts: TRL shuffles the file and takes batches without replacement; Tether draws each batch
+  with replacement, so the prompts, and so the response lengths, differ between arms;
+- TRL's bf16 default is turned off: Tether's PPO computes in float32 (and PPOTrainer's own
+  Accelerator ignores the flag with transformers 5.16). Its gradient_checkpointing default stays
+  on, but PPOTrainer.train never turns it on: neither arm checkpoints.
+
+Throughput is response tokens generated during training per second of it: tokens through each
+response's first EOS, or all --max-new-tokens without one, counted alike in both arms (Tether's
+generated_tokens; TRL's rollouts as its policy's generate returns them). Training seconds are
+Tether's PPO steps summed and TRL's trainer.train(); loading models and setting up are left out.
+
+    .venv/bin/python scripts/bench_ppo.py --steps 8
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# train.config has no torch or transformers, so the TRL environment imports it as well.
+from train.config import PPOConfig
+
+PROMPTS_FILE = ROOT / "scripts" / "demo_prompts.jsonl"
+TRL_VENV = ROOT / ".bench" / "trl-1.12.0"
+# The newest releases of TRL's dependencies on the day TRL 1.12.0 came out (26 August 2026).
+# torch 2.13.0 is the CPU build from the local wheel; unpinned, pip pulls CUDA's gigabytes.
+TRL_REQUIREMENTS = ["torch==2.13.0", "trl==1.12.0", "transformers==5.16.1", "peft==0.20.0", "accelerate==1.14.0", "datasets==5.0.1"]
+
+
+def trl_python() -> Path:
+    """The TRL environment's python, installed the first time and whenever TRL_REQUIREMENTS change."""
+    python, stamp = TRL_VENV / "bin" / "python", TRL_VENV / "requirements.txt"
+    wanted = "\n".join(TRL_REQUIREMENTS) + "\n"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
+    print(f"installing {', '.join(TRL_REQUIREMENTS)} into {TRL_VENV} ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(TRL_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *TRL_REQUIREMENTS], check=True)
+    stamp.write_text(wanted)  # last, so an interrupted install is redone
+    return python
+
+
+def ppo_config(options: argparse.Namespace) -> PPOConfig:
+    return PPOConfig(
+        steps=options.steps, batch_size=options.batch_size, minibatch_size=options.minibatch_size, epochs=options.epochs,
+        learning_rate=options.learning_rate, max_new_tokens=options.max_new_tokens, temperature=options.temperature,
+        lora_r=options.lora_r, lora_alpha=options.lora_alpha, kl_coef=options.kl_coef, target_kl=0.0, seed=options.seed,
+    )
+
+
+def prepare(workdir: Path, config: PPOConfig) -> None:
+    """What both arms read from workdir: setup.json (model path, prompts) and the untrained reward model.
+
+    reward/ is in Tether's format; reward-merged/ is the same model as a full sequence classifier.
+    """
+    from store.prompt_files import read_prompt_file
+    from train.config import DEFAULT_MODEL, RewardModelConfig
+    from train.models import resolve_model_path
+    from train.reward import METRICS_FILE, NORMALIZATION_FILE, Normalization, build_model
+
+    model_path = resolve_model_path(DEFAULT_MODEL)
+    prompts = [p.messages for p in read_prompt_file(PROMPTS_FILE)]
+    (workdir / "setup.json").write_text(json.dumps({"model_path": model_path, "prompts": prompts}))
+    # The value adapter copies the reward model's, so its rank follows --lora-r as the policy's does.
+    rm_config = RewardModelConfig(lora_r=config.lora_r, lora_alpha=config.lora_alpha, seed=config.seed)
+    model, tokenizer = build_model(model_path, rm_config)
+    reward_dir = workdir / "reward"
+    model.save_pretrained(reward_dir)
+    tokenizer.save_pretrained(reward_dir)
+    (reward_dir / NORMALIZATION_FILE).write_text(json.dumps(asdict(Normalization(mean=0.0, std=1.0))))
+    (reward_dir / METRICS_FILE).write_text(json.dumps({"config": asdict(rm_config)}))
+    model.merge_and_unload().save_pretrained(workdir / "reward-merged")
+    tokenizer.save_pretrained(workdir / "reward-merged")
+
+
+def run_tether(workdir: Path, setup: dict, config: PPOConfig) -> dict:
+    from train.config import ModelConfig
+    from train.models import load_model
+    from train.ppo import train_ppo
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=setup["model_path"], device="cpu"))
+    steps = train_ppo(model, tokenizer, setup["prompts"], workdir / "reward", config, workdir / "tether-policy")["steps"]
+    return {"steps": len(steps), "generated_tokens": sum(s["generated_tokens"] for s in steps),
+            "train_seconds": sum(s["seconds"] for s in steps)}
+
+
+def run_trl(workdir: Path, setup: dict, config: PPOConfig) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from trl.experimental.ppo import PPOConfig as TRLPPOConfig
+    from trl.experimental.ppo import PPOTrainer
+
+    model_path = setup["model_path"]
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    value_model, reward_model = (AutoModelForSequenceClassification.from_pretrained(workdir / "reward-merged", num_labels=1,
+                                                                                    dtype=torch.float32) for _ in range(2))
+    queries = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for m in setup["prompts"]]
+    args = TRLPPOConfig(
+        output_dir=str(workdir / "trl"), total_episodes=config.steps * config.batch_size,
+        per_device_train_batch_size=config.batch_size, num_mini_batches=config.batch_size // config.minibatch_size,
+        num_ppo_epochs=config.epochs, learning_rate=config.learning_rate, response_length=config.max_new_tokens,
+        temperature=config.temperature, kl_coef=config.kl_coef, cliprange=config.clip_range,
+        cliprange_value=config.clip_range_value, vf_coef=config.vf_coef, gamma=config.gamma, lam=config.lam,
+        missing_eos_penalty=config.missing_eos_penalty, stop_token="eos", seed=config.seed,
+        bf16=False, use_cpu=True, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
+    )
+    lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                      target_modules="all-linear")
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward_model,
+                         train_dataset=Dataset.from_dict({"input_ids": queries}), value_model=value_model, peft_config=lora)
+    generated = count_generated(trainer.policy_model, tokenizer.eos_token_id)
+    started = time.perf_counter()
+    trainer.train()
+    return {"steps": trainer.state.global_step, "generated_tokens": sum(generated),
+            "train_seconds": time.perf_counter() - started}
+
+
+def count_generated(model, eos_id: int) -> list[int]:
+    """Wraps model.generate to count each call's response tokens as Tether counts them; the list fills as it runs."""
+    import torch
+
+    counts: list[int] = []
+    generate = model.generate
+
+    def counting_generate(*args, **kwargs):
+        output = generate(*args, **kwargs)
+        responses = output.sequences[:, kwargs["input_ids"].shape[1] :]  # (B, R)
+        is_eos = responses == eos_id
+        lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, responses.shape[1])  # through the first EOS
+        counts.append(int(lengths.sum()))
+        return output
+
+    model.generate = counting_generate
+    return counts
+
+
+def arm(name: str, workdir: Path, config: PPOConfig) -> None:
+    """One arm, in this (child) process: its result as one JSON line on stdout."""
+    setup = json.loads((workdir / "setup.json").read_text())
+    runner = run_tether if name == "tether" else run_trl
+    print(json.dumps(runner(workdir, setup, config)))
+
+
+def measure(name: str, python: Path, workdir: Path) -> dict:
+    """Run one arm in a child process with this invocation's options; its result and its own peak resident memory."""
+    command = [str(python), __file__, *sys.argv[1:], "--arm", name, "--workdir", str(workdir)]
+    print(f"running {name} ...", file=sys.stderr, flush=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    stdout = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise SystemExit(f"the {name} arm failed (wait status {status})")
+    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_gb": usage.ru_maxrss / 2**20}
+
+
+def main() -> None:
+    defaults = PPOConfig()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8, help="PPO steps [default: 8]")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per step, one response each [default: 8]")
+    parser.add_argument("--minibatch-size", type=int, default=defaults.minibatch_size,
+                        help=f"responses per optimiser step [default: {defaults.minibatch_size}]")
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help=f"passes over each batch [default: {defaults.epochs}]")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="longest response, in tokens [default: 48]")
+    parser.add_argument("--lora-r", type=int, default=defaults.lora_r, help=f"LoRA rank [default: {defaults.lora_r}]")
+    parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha, help=f"LoRA alpha [default: {defaults.lora_alpha}]")
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help=f"AdamW learning rate [default: {defaults.learning_rate}]")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help=f"sampling temperature [default: {defaults.temperature}]")
+    parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef, help=f"fixed KL coefficient [default: {defaults.kl_coef}]")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed [default: {defaults.seed}]")
+    parser.add_argument("--arm", choices=["tether", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    config = ppo_config(options)  # checks the settings before anything is installed or run
+    if options.arm:
+        return arm(options.arm, options.workdir, config)
+
+    python = trl_python()
+    with tempfile.TemporaryDirectory(prefix="bench-ppo-") as scratch:
+        workdir = Path(scratch)
+        prepare(workdir, config)
+        results = {"trl": measure("trl", python, workdir), "tether": measure("tether", Path(sys.executable), workdir)}
+    print(f"{config.steps} steps of {config.batch_size} responses, {config.epochs} epochs of minibatch {config.minibatch_size}, "
+          f"max {config.max_new_tokens} new tokens, LoRA r {config.lora_r}, {os.cpu_count()} CPUs")
+    print(f"{'':8} {'steps':>6} {'tokens':>7} {'tok/resp':>8} {'seconds':>8} {'tokens/s':>9} {'peak GB':>8}")
+    for name, r in results.items():
+        r["tokens_per_second"] = r["generated_tokens"] / r["train_seconds"]
+        per_response = r["generated_tokens"] / (r["steps"] * config.batch_size)
+        print(f"{name:8} {r['steps']:6d} {r['generated_tokens']:7d} {per_response:8.1f} {r['train_seconds']:8.1f} "
+              f"{r['tokens_per_second']:9.2f} {r['peak_gb']:8.2f}")
+    ours, trl = results["tether"], results["trl"]
+    print(f"throughput ratio tether / TRL: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
+    print(f"peak memory ratio tether / TRL: {ours['peak_gb'] / trl['peak_gb']:.2f}x (target <= 0.7x)")
+
+
+if __name__ == "__main__":
+    main()
