@@ -1,5 +1,6 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
+import dataclasses
 import random
 import re
 import sys
@@ -12,13 +13,14 @@ from tqdm import tqdm
 
 from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
+from annotate.simulate import Messages, cast_votes, judge_against
 from store import StoreError
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file
 from store.jobs import Job, job_metrics, metric_series
 from store.prompt_files import read_prompt_file
 from store.rounds import Round, get_round
-from store.policies import get_policy
+from store.policies import Policy, get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
 from store.users import ROLES, add_user
@@ -29,7 +31,6 @@ from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
 from ui.rounds import STAGES, advance_round, describe, hacking_warnings, ratings, round_history, start_round
-from ui.simulate import cast_votes, judge_against, sample_answers
 
 
 class TetherGroup(click.Group):
@@ -273,20 +274,20 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
     names = [f"simulated-{i}" for i in range(1, annotators + 1)]
     start = project.run(get_policy, None)
     click.echo(f"sampling {eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    baseline = sample_answers(project, start, prompts, eval_samples, seed)
+    baseline = _sample_answers(project, start, prompts, eval_samples, seed)
     click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, baseline, baseline).mean_score:.3f}")
     for number in range(1, round_count + 1):
         began = time.monotonic()
-        votes = cast_votes(project, judge, noise, names, labels_per_round, rng)
+        votes = cast_votes(project.run, project.config.queue, judge, noise, names, labels_per_round, rng)
         while votes < labels_per_round:  # the queue ran dry: the newest policy answers the prompts again
             run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
-            if not (more := cast_votes(project, judge, noise, names, labels_per_round - votes, rng)):
+            if not (more := cast_votes(project.run, project.config.queue, judge, noise, names, labels_per_round - votes, rng)):
                 break
             votes += more
         round_ = run_round(project, None)
         summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
         kl = [v for _, v in project.run(metric_series, summary.ppo_job, "kl")]
-        result = judge_against(judge, prompts, sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed), baseline)
+        result = judge_against(judge, prompts, _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed), baseline)
         click.echo(
             f"round {number}: {votes} votes; reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}; "
             f"policy v{round_.policy_to}: judge win rate over v{start.version} {result.win_rate:.1%} "
@@ -294,6 +295,17 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
             f"KL {kl[-1]:.3f} at the last PPO step, {sum(kl) / len(kl):.3f} on average (target {project.config.ppo.target_kl}); "
             f"{time.monotonic() - began:.0f} s"
         )
+
+
+def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> list[str]:
+    """per_prompt answers to each prompt from a policy version, grouped by prompt; the same seed for every version."""
+    from train.generate import generate  # torch and transformers take seconds to import
+    from train.models import load_model
+
+    config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
+    adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
+    model, tokenizer = load_model(project.config.model, adapter)
+    return [g.text for g in generate(model, tokenizer, prompts, config)]
 
 
 @cli.group(cls=TetherGroup)

@@ -1,36 +1,34 @@
-"""Simulated annotators driving the loop: votes from a judge plus noise, then a round, R times.
+"""Simulated annotators: votes from a judge plus noise, cast the way people cast them.
 
-The simulated annotators take pairs from the same queue as people do (a lease per pair, the
-overlap the queue config asks for) and answer through the same vote path, with source
-'simulate'. After each round the new policy and the starting one answer a held-out set of
-evaluation prompts, and the judge, without noise, says which answer is better.
+They take pairs from the same queue as people do (a lease per pair, the overlap the queue
+config asks for) and answer through the same vote path, with source 'simulate'. The judge,
+without noise, also compares two policies' answers to held-out evaluation prompts.
 """
 
-import dataclasses
 import json
 import random
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from annotate.judges import Judge, prefers_first
+from annotate.queue import QueueConfig
 from annotate.ratings import wilson_interval
 from store.db import utcnow
-from store.policies import Policy
 from store.queue import serve
 from store.votes import record_vote
-from train.generate import generate
-from train.models import load_model
-from ui.project import Project
 
 Messages = list[dict[str, str]]
+Run = Callable[..., Any]  # runs a store function on the database
 
 
 def last_user_message(messages: Messages) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
-def cast_votes(project: Project, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random) -> int:
+def cast_votes(
+    run: Run, queue: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random
+) -> int:
     """Up to `labels` votes by the simulated annotators in turn; fewer when no one has a pair left. Returns how many."""
-    queue = project.config.queue
     cast = 0
     idle = set()  # annotators the queue had nothing for
     turn = 0
@@ -39,13 +37,13 @@ def cast_votes(project: Project, judge: Judge, noise: float, annotators: list[st
         turn += 1
         if annotator in idle:
             continue
-        assignment = project.run(serve, annotator, queue.strategy, queue.lease_seconds, utcnow())
+        assignment = run(serve, annotator, queue.strategy, queue.lease_seconds, utcnow())
         if assignment is None:
             idle.add(annotator)
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
         left = prefers_first(judge, prompt, assignment.left_text, assignment.right_text, noise, rng)
-        project.run(record_vote, annotator, assignment.token, "left" if left else "right", None, None, utcnow(), "simulate")
+        run(record_vote, annotator, assignment.token, "left" if left else "right", None, None, utcnow(), "simulate")
         cast += 1
     return cast
 
@@ -57,14 +55,6 @@ class JudgeEvaluation:
     high: float
     pairs: int
     mean_score: float  # the judge's mean score of the candidate's answers
-
-
-def sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> list[str]:
-    """per_prompt answers to each prompt from a policy version, grouped by prompt; the same seed for every version."""
-    config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
-    adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
-    model, tokenizer = load_model(project.config.model, adapter)
-    return [g.text for g in generate(model, tokenizer, prompts, config)]
 
 
 def judge_against(judge: Judge, prompts: list[Messages], candidate: list[str], baseline: list[str]) -> JudgeEvaluation:
