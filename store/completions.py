@@ -107,6 +107,24 @@ def completions_of(con: Connection, policy_version: int, prompt_ids: list[int]) 
     return [Completion(*row) for row in rows]
 
 
-def version_texts(con: Connection, policy_version: int) -> list[tuple[int | None, str]]:
-    """(token count, text) of every completion a policy version wrote."""
-    return con.execute("SELECT token_count, text FROM completions WHERE policy_version = ? ORDER BY id", [policy_version]).fetchall()
+def paired_texts(con: Connection, newer: int, older: int) -> dict[int, list[tuple[int | None, str]]]:
+    """(token count, text) of each version's completions in the pairs of the two versions against each other, by version.
+
+    These answer the same prompts under the same sampling, so their lengths and wording compare fairly.
+    """
+    rows = con.execute(
+        """
+        WITH between_them AS (
+            SELECT p.completion_a AS a, p.completion_b AS b FROM pairs p
+            JOIN completions ca ON ca.id = p.completion_a JOIN completions cb ON cb.id = p.completion_b
+            WHERE [ca.policy_version, cb.policy_version] IN ([$newer, $older], [$older, $newer])
+        )
+        SELECT policy_version, token_count, text FROM completions
+        WHERE id IN (SELECT a FROM between_them UNION SELECT b FROM between_them) ORDER BY id
+        """,
+        {"newer": newer, "older": older},
+    ).fetchall()
+    texts: dict[int, list[tuple[int | None, str]]] = {newer: [], older: []}
+    for version, tokens, text in rows:
+        texts[version].append((tokens, text))
+    return texts

@@ -61,9 +61,10 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
         assert {"reward model", "PPO"} <= stages, seen
 
-        history, scores, warnings, shown, score, kl, entropy, length = operator.predict(None, api_name="/rounds")
+        history, scores, warnings, shown, samples, score, kl, entropy, length = operator.predict(None, api_name="/rounds")
         assert history["data"][0][:4] == [1, "done", "v0 → v1", "v1"]
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
+        assert len(samples["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["data"])
         for plot, name in ((score, "score"), (kl, "kl"), (entropy, "entropy"), (length, "response_length")):
             assert [row[0] for row in plot["data"]] == [1, 2, 3], name
         assert kl["data"][0][1] == 0.0  # the policy is the reference at the first step

@@ -325,8 +325,10 @@ class Handlers:
         with_ppo = [summary for summary in history if summary.ppo_job is not None]
         shown = next((s for s in with_ppo if s.round.id == shown_round), with_ppo[-1] if with_ppo else None)
         steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
+        samples = self._ppo_samples(shown.ppo_job) if shown else []
         choice = gr.update(choices=[s.round.id for s in with_ppo], value=shown.round.id if shown else None)
-        return table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, *(steps[["step", name]] for name in PPO_CURVES)
+        return (table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, samples,
+                *(steps[["step", name]] for name in PPO_CURVES))
 
     def _ppo_steps(self, job_id: int) -> pd.DataFrame:
         """Per-step PPO statistics: from the database once the job is done, from its worker's events while it runs."""
@@ -338,6 +340,12 @@ class Handlers:
             events = read_events(job_dir(self.server.project, job.id), 0)[0]
             rows = [{"step": e["step"], **{name: e[name] for name in PPO_CURVES}} for e in events if "step" in e]
         return pd.DataFrame(rows, columns=["step", *PPO_CURVES])
+
+    def _ppo_samples(self, job_id: int) -> list[list]:
+        """The responses the worker logged at PPO's latest step, with their scores."""
+        events = read_events(job_dir(self.server.project, job_id), 0)[0]
+        latest = next((e for e in reversed(events) if "samples" in e), None)
+        return [[latest["step"], s["prompt"], s["response"], _round(s["score"], 3)] for s in latest["samples"]] if latest else []
 
     def start_round(self, reward_version: float | None, request: gr.Request) -> str:
         self.server.operator(request)
@@ -544,7 +552,8 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
     shown = gr.Dropdown(label="PPO steps of round", choices=[])
     with gr.Row():
         plots = [gr.LinePlot(x="step", y=name, title=title) for name, title in PPO_CURVES.items()]
-    outputs = [history, scores, warnings, shown, *plots]
+    samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], label="Responses sampled at PPO's latest step", interactive=False, wrap=True)
+    outputs = [history, scores, warnings, shown, samples, *plots]
     timer.tick(handlers.loop_status, outputs=[status], api_name="round_status", api_visibility="undocumented", show_progress="hidden")
     start.click(handlers.start_round, inputs=[reward_version], outputs=[result], api_name="start_round", api_visibility="undocumented")
     cancel.click(handlers.cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")

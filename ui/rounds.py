@@ -16,7 +16,7 @@ from annotate.ratings import WinRate, bradley_terry, head_to_head
 from store import StoreError
 from store.db import utcnow
 from store.jobs import Job, job_metrics, metric_series, round_jobs
-from store.completions import version_texts
+from store.completions import paired_texts
 from store.policies import get_policy
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import get_reward_model
@@ -131,7 +131,7 @@ REPETITION_DRIFT = 0.10  # rise in the share of repeated word trigrams
 
 def hacking_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
     """The signs of reward hacking in finished rounds: reward up while people do not prefer the result,
-    and drift in length or repetition between a round's old and new policy."""
+    and drift in length or repetition between the old and new policy's answers to the round's pairs."""
     warnings = []
     for summary in history:
         round_, win = summary.round, summary.win_rate
@@ -143,7 +143,8 @@ def hacking_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
                 f"{name}: the reward model's score rose by {summary.score_gain:.2f} during PPO, but annotators preferred "
                 f"the new policy in only {win.rate:.0%} of {win.votes} votes"
             )
-        old, new = run(version_texts, round_.policy_from), run(version_texts, round_.policy_to)
+        texts = run(paired_texts, round_.policy_to, round_.policy_from)
+        old, new = texts[round_.policy_from], texts[round_.policy_to]
         if not old or not new:
             continue
         old_length, new_length = _mean_length(old), _mean_length(new)
