@@ -15,11 +15,12 @@ accuracy is each arm's held-out pairwise accuracy, in its own tokenisation.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_arms import run_arm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -91,13 +92,7 @@ def measure(name: str, options: argparse.Namespace) -> dict:
     """Run one arm in a child process; its result and its own peak resident memory."""
     command = [sys.executable, __file__, "--arm", name, "--pairs", str(options.pairs), "--eval-pairs", str(options.eval_pairs),
                "--max-length", str(options.max_length), "--batch-size", str(options.batch_size), "--data", str(options.data)]
-    print(f"running {name} ...", file=sys.stderr, flush=True)
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    stdout = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    if status != 0:
-        raise SystemExit(f"the {name} arm failed (wait status {status})")
-    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_gb": usage.ru_maxrss / 2**20}
+    return run_arm(name, command)
 
 
 def main() -> None:
