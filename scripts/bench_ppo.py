@@ -26,9 +26,11 @@ What differs, by design of each trainer:
   clips at max_grad_norm. AdamW's epsilon is 1e-8 in TRL, 1e-5 in Tether;
 - prompts: TRL shuffles the file and takes batches without replacement; Tether draws each batch
   with replacement, so the prompts, and so the response lengths, differ between arms;
-- TRL's bf16 default is turned off: Tether's PPO computes in float32 (and PPOTrainer's own
-  Accelerator ignores the flag with transformers 5.16). Its gradient_checkpointing default stays
-  on, but PPOTrainer.train never turns it on: neither arm checkpoints.
+- precision: Tether scores and updates in bfloat16 autocast on a CPU with AMX or AVX512-BF16
+  (its precision "auto"). TRL's bf16 is left at its default, on, but PPOTrainer builds its own
+  Accelerator without mixed precision, so it computes in float32 whatever the flag says. Its
+  gradient_checkpointing default stays on, but PPOTrainer.train never turns it on: neither arm
+  checkpoints.
 
 Throughput is response tokens generated during training per second of it: tokens through each
 response's first EOS, or all --max-new-tokens without one, counted alike in both arms (Tether's
@@ -47,6 +49,8 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from bench_arms import run_arm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -140,7 +144,7 @@ def run_trl(workdir: Path, setup: dict, config: PPOConfig) -> dict:
         temperature=config.temperature, kl_coef=config.kl_coef, cliprange=config.clip_range,
         cliprange_value=config.clip_range_value, vf_coef=config.vf_coef, gamma=config.gamma, lam=config.lam,
         missing_eos_penalty=config.missing_eos_penalty, stop_token="eos", seed=config.seed,
-        bf16=False, use_cpu=True, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
+        use_cpu=True, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
     )
     lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                       target_modules="all-linear")
@@ -182,13 +186,7 @@ def arm(name: str, workdir: Path, config: PPOConfig) -> None:
 def measure(name: str, python: Path, workdir: Path) -> dict:
     """Run one arm in a child process with this invocation's options; its result and its own peak resident memory."""
     command = [str(python), __file__, *sys.argv[1:], "--arm", name, "--workdir", str(workdir)]
-    print(f"running {name} ...", file=sys.stderr, flush=True)
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    stdout = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    if status != 0:
-        raise SystemExit(f"the {name} arm failed (wait status {status})")
-    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_gb": usage.ru_maxrss / 2**20}
+    return run_arm(name, command)
 
 
 def main() -> None:

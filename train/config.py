@@ -147,9 +147,17 @@ class PPOConfig:
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
     length_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the score per response token; 0 turns it off."})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "bf16: bfloat16 autocast for the forward and backward passes that score responses and update "
+                          "the adapters (weights, sampling and the reward model's score stay float32); fp32; auto: bf16 where "
+                          "the hardware has it (a CUDA GPU with bf16, or a CPU with AVX512-BF16 or AMX)."},
+    )
     seed: int = field(default=0, metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation."})
 
     def __post_init__(self):
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         for name in ("steps", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "lora_r", "lora_alpha", "kl_horizon"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

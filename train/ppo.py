@@ -38,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.reward import Normalization, read_normalization
+from train.reward import Normalization, read_normalization, uses_bf16
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -208,11 +208,13 @@ def evaluate(model: PolicyWithHeads, normalization: Normalization, batch: tuple,
     """The rollout of a sampled batch, and the entropy (B, R) of the policy along it."""
     query_ids, query_mask, response_ids, response_mask, finished = batch
     args = (query_ids, query_mask, response_ids, response_mask)
-    logprobs, entropy = response_logprobs(model, *args, config.temperature, with_entropy=True)
-    with model.peft_model.disable_adapter():
-        ref_logprobs = response_logprobs(model, *args, config.temperature)
-    values = response_values(model, *args)
-    scores = reward_scores(model, normalization, *args)
+    # The update recomputes these under the same precision, so its first ratios are 1.
+    with mixed_precision(model, config):
+        logprobs, entropy = response_logprobs(model, *args, config.temperature, with_entropy=True)
+        with model.peft_model.disable_adapter():
+            ref_logprobs = response_logprobs(model, *args, config.temperature)
+        values = response_values(model, *args)
+    scores = reward_scores(model, normalization, *args)  # float32, as the normalisation offsets were computed
     scores = scores - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
     mask = response_mask.float()
     rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
@@ -278,14 +280,16 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
             args = (rollout.query_ids[index], rollout.query_mask[index], rollout.response_ids[index], rollout.response_mask[index])
             optimizer.zero_grad(set_to_none=True)
 
-            logprobs = response_logprobs(model, *args, config.temperature)
+            with mixed_precision(model, config):
+                logprobs = response_logprobs(model, *args, config.temperature)
             log_ratio = (logprobs - rollout.logprobs[index]) * mask
             ratio = log_ratio.exp()
             advantages = rollout.advantages[index]
             policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip_range, 1 + config.clip_range)), mask)
             policy_loss.backward()
 
-            values = response_values(model, *args)
+            with mixed_precision(model, config):
+                values = response_values(model, *args)
             old_values, returns = rollout.values[index], rollout.returns[index]
             clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
             value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
@@ -300,6 +304,12 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
                 stats["value_loss"].append(value_loss.item())
                 stats["value_clip_fraction"].append(masked_mean(((values - old_values).abs() > config.clip_range_value).float(), mask).item())
     return {name: sum(values) / len(values) for name, values in stats.items()} | {"first_clip_fraction": stats["clip_fraction"][0]}
+
+
+def mixed_precision(model: PolicyWithHeads, config: PPOConfig) -> torch.autocast:
+    """bfloat16 autocast for forward passes when config.precision asks for it; log-probs and values come out float32."""
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=uses_bf16(config.precision))
 
 
 def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:

@@ -288,7 +288,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
 
 
 def uses_bf16(precision: str) -> bool:
-    """Whether RewardModelConfig.precision means bfloat16 autocast on this machine."""
+    """Whether a precision setting (auto, bf16 or fp32) means bfloat16 autocast on this machine."""
     if precision != "auto":
         return precision == "bf16"
     if torch.cuda.is_available():
