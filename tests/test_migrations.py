@@ -8,7 +8,7 @@ from store.schema import MIGRATIONS, Migration
 
 TABLES = {
     "prompts", "policies", "completions", "pairs", "assignments", "comparisons", "skips",
-    "users", "reward_models", "jobs", "metrics", "snapshots", "schema_migrations",
+    "users", "reward_models", "jobs", "metrics", "snapshots", "rounds", "schema_migrations",
 }
 
 
