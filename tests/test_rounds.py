@@ -132,3 +132,21 @@ def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):
     eval_file.write_text(json.dumps({"prompt": "Hi"}) + "\n")
     result = run_tether("simulate", "--judge", "nosuch", "--eval-prompts", str(eval_file), "--project", str(tiny_project))
     assert result.returncode == 1 and "judge 'nosuch'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_restart_fails_the_rounds_whose_jobs_nobody_runs_and_keeps_those_with_a_job_queued(tmp_path):
+    from store.db import utcnow
+    from store.jobs import add_job, fail_interrupted, start_job
+    from store.rounds import add_round, fail_interrupted_rounds, get_round
+
+    with closing(open_database(tmp_path / "t.duckdb")) as con:
+        interrupted = add_round(con, 0, None)
+        start_job(con, add_job(con, "ppo", {}, interrupted.id).id)  # running when the process died
+        assert fail_interrupted(con, utcnow()) == 1
+        assert fail_interrupted_rounds(con, utcnow()) == 1
+        assert get_round(con, interrupted.id).status == "failed"
+
+        waiting = add_round(con, 1, None)
+        add_job(con, "reward_model", {}, waiting.id)  # queued: the job queue will run it, and the round goes on
+        assert fail_interrupted_rounds(con, utcnow()) == 0
+        assert get_round(con, waiting.id).status == "running"
