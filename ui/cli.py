@@ -248,7 +248,7 @@ def rounds(project_dir: Path):
 @click.option("--noise", type=click.FloatRange(min=0), default=0.5, show_default=True,
               help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs.")
 @click.option("--annotators", type=click.IntRange(min=1), default=3, show_default=True, help="Simulated annotators, voting in turn.")
-@click.option("--labels-per-round", type=click.IntRange(min=1), default=48, show_default=True, help="Votes cast before each round.")
+@click.option("--labels-per-round", type=click.IntRange(min=1), default=96, show_default=True, help="Votes cast before each round; the reward model learns little from fewer.")
 @click.option("--rounds", "round_count", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds to run.")
 @click.option("--eval-prompts", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Prompt file the judge compares policies on; keep it apart from the project's prompts.")
