@@ -62,6 +62,14 @@ def last_round(con: Connection) -> Round | None:
     return Round(*row) if row else None
 
 
+def scheduled_round_due(con: Connection, every: int) -> bool:
+    """Whether `every` comparisons have come in since the last round started, with no round running."""
+    if every <= 0 or running_round(con) is not None:
+        return False
+    last = last_round(con)
+    return comparisons_made(con) - (last.comparisons_at_start if last else 0) >= every
+
+
 def set_reward_version(con: Connection, round_id: int, version: int) -> None:
     con.execute("UPDATE rounds SET reward_version = ? WHERE id = ?", [version, round_id])
 

@@ -10,9 +10,10 @@ from typing import Any
 from store import StoreError
 from store.db import utcnow
 from store.jobs import cancel_if_queued, next_queued
+from store.rounds import scheduled_round_due
 from ui.jobs import POLL_SECONDS, Run, run_job
 from ui.project import Project
-from ui.rounds import advance_round, scheduled_round_due, start_round
+from ui.rounds import advance_round, start_round
 
 
 class JobQueue:

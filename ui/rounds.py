@@ -20,7 +20,7 @@ from store.completions import paired_texts
 from store.policies import get_policy
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import get_reward_model
-from store.rounds import Round, add_round, comparisons_made, finish_round, get_round, last_round, list_rounds, running_round
+from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games
 from ui.jobs import Run, is_held_back, submit_generation, submit_ppo, submit_reward_training
 from ui.project import Project
@@ -78,14 +78,6 @@ def _held_back(project: Project, run: Run, policy_version: int) -> list[Prompt]:
             f"no active prompt is held back from PPO to compare policies on ([round] held_back_share = {share}): add prompts"
         )
     return prompts
-
-
-def scheduled_round_due(con, every: int) -> bool:
-    """Whether `every` comparisons have come in since the last round started, with no round running."""
-    if every <= 0 or running_round(con) is not None:
-        return False
-    last = last_round(con)
-    return comparisons_made(con) - (last.comparisons_at_start if last else 0) >= every
 
 
 @dataclass(frozen=True)
