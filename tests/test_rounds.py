@@ -121,10 +121,12 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
         open_leases = con.execute("SELECT count(*) FROM assignments WHERE closed_at IS NULL").fetchone()[0]
         overlapped = con.execute("SELECT count(*) FROM (SELECT pair_id FROM comparisons GROUP BY pair_id HAVING count(*) = 2)").fetchone()[0]
         rounds = con.execute("SELECT status, policy_from, policy_to FROM rounds ORDER BY id").fetchall()
+        ppo_seeds = con.execute("SELECT config->'ppo'->>'seed' FROM jobs WHERE kind = 'ppo' ORDER BY id").fetchall()
     assert sum(n for _, _, n in votes) == 20 and {(a, s) for a, s, _ in votes} == {("simulated-1", "simulate"), ("simulated-2", "simulate")}
     assert open_leases == 0
     assert overlapped > 0  # pairs the queue wants two votes on got both annotators
     assert rounds == [("done", 0, 1), ("done", 1, 2)]
+    assert ppo_seeds == [("0",), ("1",)]  # each round's PPO draws other prompts than the last
 
 
 def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):

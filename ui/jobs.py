@@ -132,7 +132,8 @@ def submit_ppo(
     prompts = [p for p in run(prompts_to_generate, policy.version, None) if not is_held_back(p, share)]
     config = {
         "model": dataclasses.asdict(project.config.model),
-        "ppo": dataclasses.asdict(project.config.ppo),
+        # Offset by the version, so each round's PPO draws its own prompt batches and samples.
+        "ppo": dataclasses.asdict(project.config.ppo) | {"seed": project.config.ppo.seed + policy.version},
         "reward_version": reward_model.version,
         "reward_adapter_path": str(project.root / reward_model.adapter_path),
         "policy_version": policy.version,
