@@ -30,7 +30,9 @@ What differs, by design of each trainer:
   (its precision "auto"). TRL's bf16 is left at its default, on, but PPOTrainer builds its own
   Accelerator without mixed precision, so it computes in float32 whatever the flag says. Its
   gradient_checkpointing default stays on, but PPOTrainer.train never turns it on: neither arm
-  checkpoints.
+  checkpoints;
+- attention: Tether uses eager attention on a CPU, whose backward is faster there than SDPA's at
+  these lengths; TRL keeps transformers' default, SDPA.
 
 Throughput is response tokens generated during training per second of it: tokens through each
 response's first EOS, or all --max-new-tokens without one, counted alike in both arms (Tether's
