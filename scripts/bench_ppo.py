@@ -34,6 +34,10 @@ What differs, by design of each trainer:
 - attention: Tether uses eager attention on a CPU, whose backward is faster there than SDPA's at
   these lengths; TRL keeps transformers' default, SDPA.
 
+With --repeats N the arms alternate N times (TRL, Tether, TRL, ...) and the ratios compare each
+arm's median, since a stall of the shared machine during one arm moves a single run's ratio by
+a third.
+
 Throughput is response tokens generated during training per second of it: tokens through each
 response's first EOS, or all --max-new-tokens without one, counted alike in both arms (Tether's
 generated_tokens; TRL's rollouts as its policy's generate returns them). Training seconds are
@@ -45,6 +49,7 @@ Tether's PPO steps summed and TRL's trainer.train(); loading models and setting 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,7 +124,8 @@ def run_tether(workdir: Path, setup: dict, config: PPOConfig) -> dict:
     from train.ppo import train_ppo
 
     model, tokenizer = load_model(ModelConfig(name_or_path=setup["model_path"], device="cpu"))
-    steps = train_ppo(model, tokenizer, setup["prompts"], workdir / "reward", config, workdir / "tether-policy")["steps"]
+    out_dir = Path(tempfile.mkdtemp(prefix="tether-policy-", dir=workdir))  # a new one for each of --repeats
+    steps = train_ppo(model, tokenizer, setup["prompts"], workdir / "reward", config, out_dir)["steps"]
     return {"steps": len(steps), "generated_tokens": sum(s["generated_tokens"] for s in steps),
             "train_seconds": sum(s["seconds"] for s in steps)}
 
@@ -206,29 +212,37 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help=f"sampling temperature [default: {defaults.temperature}]")
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef, help=f"fixed KL coefficient [default: {defaults.kl_coef}]")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed [default: {defaults.seed}]")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each arm, alternating; ratios of medians [default: 1]")
     parser.add_argument("--arm", choices=["tether", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.repeats < 1:
+        parser.error("--repeats must be at least 1")
     config = ppo_config(options)  # checks the settings before anything is installed or run
     if options.arm:
         return arm(options.arm, options.workdir, config)
 
     python = trl_python()
+    runs: dict[str, list[dict]] = {"trl": [], "tether": []}
     with tempfile.TemporaryDirectory(prefix="bench-ppo-") as scratch:
         workdir = Path(scratch)
         prepare(workdir, config)
-        results = {"trl": measure("trl", python, workdir), "tether": measure("tether", Path(sys.executable), workdir)}
+        for _ in range(options.repeats):
+            runs["trl"].append(measure("trl", python, workdir))
+            runs["tether"].append(measure("tether", Path(sys.executable), workdir))
     print(f"{config.steps} steps of {config.batch_size} responses, {config.epochs} epochs of minibatch {config.minibatch_size}, "
           f"max {config.max_new_tokens} new tokens, LoRA r {config.lora_r}, {os.cpu_count()} CPUs")
-    print(f"{'':8} {'steps':>6} {'tokens':>7} {'tok/resp':>8} {'seconds':>8} {'tokens/s':>9} {'peak GB':>8}")
-    for name, r in results.items():
-        r["tokens_per_second"] = r["generated_tokens"] / r["train_seconds"]
-        per_response = r["generated_tokens"] / (r["steps"] * config.batch_size)
-        print(f"{name:8} {r['steps']:6d} {r['generated_tokens']:7d} {per_response:8.1f} {r['train_seconds']:8.1f} "
-              f"{r['tokens_per_second']:9.2f} {r['peak_gb']:8.2f}")
-    ours, trl = results["tether"], results["trl"]
-    print(f"throughput ratio tether / TRL: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
-    print(f"peak memory ratio tether / TRL: {ours['peak_gb'] / trl['peak_gb']:.2f}x (target <= 0.7x)")
+    print(f"{'':8} {'run':>3} {'steps':>6} {'tokens':>7} {'tok/resp':>8} {'seconds':>8} {'tokens/s':>9} {'peak GB':>8}")
+    for name, results in runs.items():
+        for number, r in enumerate(results, 1):
+            r["tokens_per_second"] = r["generated_tokens"] / r["train_seconds"]
+            per_response = r["generated_tokens"] / (r["steps"] * config.batch_size)
+            print(f"{name:8} {number:3d} {r['steps']:6d} {r['generated_tokens']:7d} {per_response:8.1f} {r['train_seconds']:8.1f} "
+                  f"{r['tokens_per_second']:9.2f} {r['peak_gb']:8.2f}")
+    ours, trl = ({key: statistics.median(r[key] for r in runs[name]) for key in ("tokens_per_second", "peak_gb")} for name in ("tether", "trl"))
+    of = f" (medians of {options.repeats} runs)" if options.repeats > 1 else ""
+    print(f"throughput ratio tether / TRL{of}: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
+    print(f"peak memory ratio tether / TRL{of}: {ours['peak_gb'] / trl['peak_gb']:.2f}x (target <= 0.7x)")
 
 
 if __name__ == "__main__":
