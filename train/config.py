@@ -153,7 +153,11 @@ class PPOConfig:
                           "the adapters (weights, sampling and the reward model's score stay float32); fp32; auto: bf16 where "
                           "the hardware has it (a CUDA GPU with bf16, or a CPU with AVX512-BF16 or AMX)."},
     )
-    seed: int = field(default=0, metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation. PPO from policy "
+                          "version v uses seed + v, so each round draws its own prompt batches."},
+    )
 
     def __post_init__(self):
         if self.precision not in ("auto", "bf16", "fp32"):
