@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass
 
-from store.db import Connection, StoreError
+from store.db import Connection, StoreError, transaction
+from store.rounds import running_round
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,38 @@ def get_policy(con: Connection, version: int | None = None) -> Policy:
         known = ", ".join(str(v) for v in policy_versions(con)) or "none"
         raise StoreError(f"no policy version {version} (the project has: {known})")
     return Policy(*row)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    version: int  # the version the rollback will be registered as
+    to: Policy  # the version it copies
+    replaces: int  # the newest version before it
+
+
+def plan_rollback(con: Connection, version: int) -> Rollback:
+    """What rolling back to `version` would register; refused while a round or PPO could add a version of its own."""
+    if (round_ := running_round(con)) is not None:
+        raise StoreError(f"round {round_.id} is running: wait for it or cancel it before rolling back")
+    ppo = con.execute("SELECT id FROM jobs WHERE kind = 'ppo' AND status IN ('queued', 'running') ORDER BY id LIMIT 1").fetchone()
+    if ppo is not None:
+        raise StoreError(f"PPO job {ppo[0]} has not finished: wait for it or cancel it before rolling back")
+    to, newest = get_policy(con, version), get_policy(con, None)
+    if to.version == newest.version:
+        raise StoreError(f"v{version} is already the newest policy: rounds start from it")
+    return Rollback(newest.version + 1, to, newest.version)
+
+
+def add_rollback(con: Connection, plan: Rollback, adapter_path: str | None) -> Policy:
+    """Register a planned rollback with its copy of the adapter, unless the policies changed since it was planned."""
+    with transaction(con):
+        if plan_rollback(con, plan.to.version) != plan:
+            raise StoreError("the policies changed while the adapter was copied: roll back again")
+        con.execute(
+            "INSERT INTO policies (version, parent, adapter_path, rollback_from) VALUES (?, ?, ?, ?)",
+            [plan.version, plan.to.version, adapter_path, plan.replaces],
+        )
+    return Policy(plan.version, adapter_path)
 
 
 def policy_versions(con: Connection) -> list[int]:

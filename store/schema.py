@@ -175,4 +175,10 @@ MIGRATIONS = [
         );
         ALTER TABLE jobs ADD COLUMN round INTEGER;
     """),
+    Migration(4, "policy rollbacks", """
+        -- A rollback registers a new policy version that copies an earlier one (its parent), so
+        -- the next round starts from it and nothing is deleted. This column keeps the version
+        -- that was newest when it was made, the one given up; NULL for every other version.
+        ALTER TABLE policies ADD COLUMN rollback_from INTEGER;
+    """),
 ]

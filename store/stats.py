@@ -67,9 +67,14 @@ def overlapped_choices(con: Connection) -> list[list[str]]:
 
 def version_games(con: Connection) -> list[tuple[int, int, str]]:
     """(policy version of A, of B, choice) of every vote on a pair whose two completions come from different versions."""
+    return [vote[:3] for vote in version_votes(con)]
+
+
+def version_votes(con: Connection) -> list[tuple[int, int, str, int | None, int | None]]:
+    """The cross-version votes as in `version_games`, each with the token counts of A and of B."""
     return con.execute(
         """
-        SELECT ca.policy_version, cb.policy_version, c.choice
+        SELECT ca.policy_version, cb.policy_version, c.choice, ca.token_count, cb.token_count
         FROM comparisons c
         JOIN pairs p ON p.id = c.pair_id
         JOIN completions ca ON ca.id = p.completion_a

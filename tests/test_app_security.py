@@ -29,6 +29,7 @@ OPERATOR_CALLS = {
     "/start_round": (None,),
     "/cancel_round": (),
     "/set_schedule": (5,),
+    "/rollback": (0,),
 }
 
 

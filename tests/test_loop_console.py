@@ -5,6 +5,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pytest
 from gradio_client import Client
 
 from store import open_database
@@ -17,7 +18,7 @@ from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
 from tests.test_rounds import short_training, vote_every_pair
-from ui.rounds import hacking_warnings, round_history
+from ui.rounds import round_history, round_warnings
 
 PASSWORD = "password-123"
 
@@ -76,8 +77,8 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
             token = annotator.predict(token, None, "", api_name="/vote_left")[0]
             votes += 1
         history, scores, *_ = operator.predict(None, api_name="/rounds")
-        assert history["data"][0][8] == votes > 0
-        assert history["data"][0][7].endswith("]")  # the rate with its interval
+        assert history["data"][0][9] == votes > 0
+        assert history["data"][0][7].endswith("]") and history["data"][0][8].endswith("]")  # raw and length-controlled, with intervals
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
 
 
@@ -113,7 +114,7 @@ def test_the_scheduler_starts_a_round_after_n_new_comparisons(tiny_project):
     assert "every_comparisons = 3" in (tiny_project / "tether.toml").read_text()
 
 
-def test_warnings_name_reward_up_while_people_prefer_the_old_policy_and_drift_in_length_and_repetition(tmp_path):
+def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_drift_in_length_and_repetition(tmp_path):
     from ui.project import init_project
 
     project = init_project(tmp_path / "project")
@@ -134,12 +135,35 @@ def test_warnings_name_reward_up_while_people_prefer_the_old_policy_and_drift_in
         for pair_id in range(1, 13):  # every vote for the old policy's answer (b)
             con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'ann', 'b')", [pair_id])
 
-    warnings = hacking_warnings(project.run, round_history(project.run))
-    assert len(warnings) == 3, warnings
-    assert "score rose by 1.40 during PPO, but annotators preferred the new policy in only 0% of 12 votes" in warnings[0]
+    warnings = round_warnings(project.run, round_history(project.run))
+    assert len(warnings) == 4, warnings
+    assert "people rate v1 below v0: it won 0% [" in warnings[0] and "of 12 votes against v0" in warnings[0]
+    assert "although the reward model's score rose by 1.40 during PPO: a sign of reward hacking" in warnings[0]
     assert "drifted in length, 8 to 31 tokens" in warnings[1]
     assert "repeated phrases rose from 0% to" in warnings[2]
+    assert "roll back to v0 (`tether rollback 0`" in warnings[3]
 
-    with closing(project.connect()) as con:  # the same round where people liked the new answers: no warning of the first kind
+    with closing(project.connect()) as con:  # the same round where people liked the new answers: only the drift is left
         con.execute("UPDATE comparisons SET choice = 'a'")
-    assert not any("score rose" in w for w in hacking_warnings(project.run, round_history(project.run)))
+    assert [w.split(": ")[1][:9] for w in round_warnings(project.run, round_history(project.run))] == ["responses", "repeated "]
+
+
+def test_an_operator_rolls_back_in_the_app_and_an_annotator_cannot(tiny_project):
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        add_policy(con, 1, "policies/v1", parent=0)
+    (tiny_project / "policies" / "v1").mkdir(parents=True)
+    (tiny_project / "policies" / "v1" / "adapter_model.safetensors").write_bytes(b"weights of v1")
+    add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
+    server = RunningServer(tiny_project)
+    try:
+        annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        with pytest.raises(Exception, match="Only operators may do this"):
+            annotator.predict(0, api_name="/rollback")
+        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        assert operator.predict(0, api_name="/rollback") == "Rolled back: policy v2 is a copy of v0, and the next round starts from it."
+        with pytest.raises(Exception, match="v2 is already the newest policy"):
+            operator.predict(2, api_name="/rollback")
+    finally:
+        server.stop()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT version, parent, adapter_path, rollback_from FROM policies WHERE version = 2").fetchall() == [(2, 0, None, 1)]

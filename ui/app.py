@@ -38,7 +38,7 @@ from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.config import write_config
 from ui.project import CONFIG_FILE, Project
-from ui.rounds import STAGES, describe, hacking_warnings, ratings, round_history, start_round
+from ui.rounds import STAGES, describe, ratings, roll_back, round_history, round_warnings, start_round
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
 CHOICES = [
@@ -321,7 +321,7 @@ class Handlers:
         history = round_history(self.server.db)
         table = [list(describe(summary).values()) for summary in reversed(history)]
         scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
-        warnings = "\n".join(hacking_warnings(self.server.db, history)) or "None."
+        warnings = "\n".join(round_warnings(self.server.db, history)) or "None."
         with_ppo = [summary for summary in history if summary.ppo_job is not None]
         shown = next((s for s in with_ppo if s.round.id == shown_round), with_ppo[-1] if with_ppo else None)
         steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
@@ -363,6 +363,15 @@ class Handlers:
         if (job_id := self.server.db(current_job_id, round_.id)) is not None:
             self.server.jobs.cancel(job_id)
         return f"Cancelled round {round_.id}."
+
+    def roll_back(self, version: float | None, request: gr.Request) -> str:
+        """Register a copy of an earlier policy version as the newest, so the next round starts from it."""
+        self.server.operator(request)
+        if version is None or version < 0 or version != int(version):
+            raise gr.Error("Give the policy version to roll back to: a whole number, 0 or more.")
+        with user_errors():
+            policy = roll_back(self.server.project, self.server.db, int(version))
+        return f"Rolled back: policy v{policy.version} is a copy of v{int(version)}, and the next round starts from it."
 
     def set_schedule(self, every: float | None, request: gr.Request) -> str:
         """Change [round] every_comparisons, now and in tether.toml."""
@@ -543,12 +552,18 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
     result = gr.Textbox(label="Result", interactive=False)
     refresh = gr.Button("Refresh")
     history = gr.Dataframe(
-        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL", "win rate [95% CI]", "votes"],
-        label="Rounds, newest first: the human win rate of each new policy over the one it started from", interactive=False,
+        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL", "win rate [95% CI]",
+                 "length-controlled [95% CI]", "votes", "RM accuracy on new votes"],
+        label="Rounds, newest first: the human win rate of each new policy over the one it started from, "
+              "also at equal length (a logistic model of the votes with the length difference as a covariate)",
+        interactive=False,
     )
     with gr.Row():
         scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)", interactive=False, scale=1)
-        warnings = gr.Textbox(label="Signs of reward hacking", lines=4, interactive=False, scale=3)
+        warnings = gr.Textbox(label="Warnings", lines=4, interactive=False, scale=3)
+    with gr.Row():
+        rollback_version = gr.Number(label="Policy version to roll back to (a copy becomes the newest; nothing is deleted)", precision=0, minimum=0)
+        rollback = gr.Button("Roll back")
     shown = gr.Dropdown(label="PPO steps of round", choices=[])
     with gr.Row():
         plots = [gr.LinePlot(x="step", y=name, title=title) for name, title in PPO_CURVES.items()]
@@ -558,6 +573,7 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
     start.click(handlers.start_round, inputs=[reward_version], outputs=[result], api_name="start_round", api_visibility="undocumented")
     cancel.click(handlers.cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")
     save_every.click(handlers.set_schedule, inputs=[every], outputs=[result], api_name="set_schedule", api_visibility="undocumented")
+    rollback.click(handlers.roll_back, inputs=[rollback_version], outputs=[result], api_name="rollback", api_visibility="undocumented")
     refresh.click(handlers.loop_data, inputs=[shown], outputs=outputs, api_name="rounds", api_visibility="undocumented")
     shown.input(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented")
 

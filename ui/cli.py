@@ -30,7 +30,7 @@ from ui.auth import MIN_PASSWORD_CHARS, hash_password
 from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
-from ui.rounds import STAGES, advance_round, describe, hacking_warnings, ratings, round_history, start_round
+from ui.rounds import STAGES, advance_round, describe, ratings, roll_back, round_history, round_warnings, start_round
 
 
 class TetherGroup(click.Group):
@@ -220,7 +220,10 @@ def run_round(project: Project, reward_version: int | None) -> Round:
 @cli.command()
 @project_option
 def rounds(project_dir: Path):
-    """Show the round history, the ratings of every policy version, and signs of reward hacking.
+    """Show the round history, the ratings of every policy version, and warnings.
+
+    Each round shows the human win rate of its new policy over the old, raw and at equal length
+    (length-controlled), and its reward model's accuracy on the votes that came in after it.
 
     \b
     Example:
@@ -238,8 +241,26 @@ def rounds(project_dir: Path):
         click.echo("  ".join(str(row[k]).ljust(w) for k, w in widths.items()))
     if scores := ratings(project.run):
         click.echo("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
-    for warning in hacking_warnings(project.run, history):
+    for warning in round_warnings(project.run, history):
         click.echo(f"warning: {warning}")
+
+
+@cli.command()
+@click.argument("version", type=click.IntRange(min=0))
+@project_option
+def rollback(version: int, project_dir: Path):
+    """Roll the policy back: register a copy of VERSION as the newest version, so the next round starts from it.
+
+    Nothing is deleted: the versions after it keep their adapters, votes and ratings. Refused
+    while a round or PPO is running.
+
+    \b
+    Example:
+        tether rollback 1 --project demo
+    """
+    project = load_project(project_dir)
+    policy = roll_back(project, project.run, version)
+    click.echo(f"policy v{policy.version} is a copy of v{version}: the next round and `tether ppo` start from it")
 
 
 @cli.command()

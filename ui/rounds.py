@@ -6,22 +6,29 @@ it has too few) and of v+1 on the held-back prompts, each of v+1's paired with o
 the annotators. The votes on those pairs are the round's human win rate. Each step is a job,
 queued when the one before it is done, so the app's job queue and `tether round` run a round
 the same way: `start_round`, then `advance_round` after each of its jobs.
+
+When people rate a new version below the one it started from, `roll_back` registers a copy of
+a better one as the newest version, so the next round starts from it.
 """
 
 import re
+import shutil
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from annotate.ratings import WinRate, bradley_terry, head_to_head
+from annotate.ratings import Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, length_controlled
 from store import StoreError
 from store.db import utcnow
 from store.jobs import Job, job_metrics, metric_series, round_jobs
 from store.completions import paired_texts
-from store.policies import get_policy
+from store.policies import Policy, add_rollback, get_policy, plan_rollback
 from store.prompts import Prompt, prompts_to_generate
-from store.reward_models import get_reward_model
+from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
-from store.stats import version_games
+from store.stats import version_games, version_votes
 from ui.jobs import Run, is_held_back, submit_generation, submit_ppo, submit_reward_training
 from ui.project import Project
 
@@ -89,26 +96,51 @@ class RoundSummary:
     kl: float | None  # KL to the reference at PPO's last step
     score_gain: float | None  # reward-model score at PPO's last step minus at its first
     win_rate: WinRate | None  # human votes on v+1 against v
+    length_controlled: LengthControlled | None  # the same votes' win rate at equal length
+    # The round's reward model's accuracy on the votes that came after it was trained (mostly on
+    # v+1's answers), as the next reward-model version recorded it; None until one does.
+    new_votes_accuracy: float | None
+    new_votes_pairs: int | None
 
 
 def round_history(run: Run) -> list[RoundSummary]:
-    games = run(version_games)
-    summaries = []
-    for round_ in run(list_rounds):
-        ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind == "ppo"), None)
-        accuracy = None
-        if round_.reward_version is not None:
-            accuracy = run(get_reward_model, round_.reward_version).metrics.get("eval_accuracy")
-        kl = score_gain = None
-        if ppo_job is not None and ppo_job.status == "done":
-            kl = run(job_metrics, ppo_job.id).get("kl")
-            scores = [v for _, v in run(metric_series, ppo_job.id, "score")]
-            score_gain = scores[-1] - scores[0] if scores else None
-        win_rate = head_to_head(games, round_.policy_to, round_.policy_from) if round_.policy_to is not None else None
-        summaries.append(RoundSummary(
-            round_, accuracy, ppo_job.config["ppo"] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, score_gain, win_rate,
-        ))
-    return summaries
+    votes = run(version_votes)
+    games = [vote[:3] for vote in votes]
+    reward_models = {rm.version: rm for rm in run(list_reward_models)}
+    return [_summarise(run, round_, games, votes, reward_models) for round_ in run(list_rounds)]
+
+
+def round_summary(run: Run, round_id: int) -> RoundSummary:
+    """One round's figures: its human win rate, raw and length-controlled, and its reward model's accuracy on the new votes."""
+    return next(s for s in round_history(run) if s.round.id == round_id)
+
+
+def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
+    ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind == "ppo"), None)
+    accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
+    kl = score_gain = None
+    if ppo_job is not None and ppo_job.status == "done":
+        kl = run(job_metrics, ppo_job.id).get("kl")
+        scores = [v for _, v in run(metric_series, ppo_job.id, "score")]
+        score_gain = scores[-1] - scores[0] if scores else None
+    win_rate = controlled = None
+    if round_.policy_to is not None:
+        win_rate = head_to_head(games, round_.policy_to, round_.policy_from)
+        controlled = length_controlled(votes, round_.policy_to, round_.policy_from)
+    new_votes = _new_votes_metrics(round_.reward_version, reward_models)
+    return RoundSummary(
+        round_, accuracy, ppo_job.config["ppo"] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, score_gain,
+        win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
+    )
+
+
+def _new_votes_metrics(reward_version: int | None, reward_models: dict[int, RewardModel]) -> dict[str, Any]:
+    """The metrics of the first reward model after `reward_version` that measured it on the votes since."""
+    if reward_version is None:
+        return {}
+    # A version trained from scratch records None: it had no previous version to measure.
+    later = sorted(v for v, rm in reward_models.items() if v > reward_version and rm.metrics.get("new_votes_accuracy") is not None)
+    return reward_models[later[0]].metrics if later else {}
 
 
 def ratings(run: Run) -> dict[int, float]:
@@ -117,35 +149,123 @@ def ratings(run: Run) -> dict[int, float]:
 
 
 MIN_VOTES_FOR_WARNING = 10
+MIN_NEW_VOTES_ACCURACY = 0.55  # below it, the reward model no longer agrees with people on the new answers
 LENGTH_DRIFT = 1.5  # new mean length over old, either way
 REPETITION_DRIFT = 0.10  # rise in the share of repeated word trigrams
 
 
-def hacking_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
-    """The signs of reward hacking in finished rounds: reward up while people do not prefer the result,
-    and drift in length or repetition between the old and new policy's answers to the round's pairs."""
+def round_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
+    """What needs an operator's eye in finished rounds: people rating the new policy below the one it
+    started from, a reward model that no longer agrees with people, drift in length or repetition
+    between the old and new policy's answers; and, last, the version to roll back to, if any."""
+    games = run(version_games)
+    scores = bradley_terry(games)
     warnings = []
     for summary in history:
-        round_, win = summary.round, summary.win_rate
+        round_ = summary.round
         if round_.policy_to is None:
             continue
         name = f"round {round_.id} (v{round_.policy_to} from v{round_.policy_from})"
-        if summary.score_gain is not None and summary.score_gain > 0 and win is not None and win.votes >= MIN_VOTES_FOR_WARNING and win.rate <= 0.5:
-            warnings.append(
-                f"{name}: the reward model's score rose by {summary.score_gain:.2f} during PPO, but annotators preferred "
-                f"the new policy in only {win.rate:.0%} of {win.votes} votes"
-            )
-        texts = run(paired_texts, round_.policy_to, round_.policy_from)
-        old, new = texts[round_.policy_from], texts[round_.policy_to]
-        if not old or not new:
-            continue
-        old_length, new_length = _mean_length(old), _mean_length(new)
-        if old_length and new_length and max(new_length / old_length, old_length / new_length) >= LENGTH_DRIFT:
-            warnings.append(f"{name}: responses drifted in length, {old_length:.0f} to {new_length:.0f} tokens on average")
-        old_repeats, new_repeats = repeated_trigram_share(old), repeated_trigram_share(new)
-        if new_repeats - old_repeats >= REPETITION_DRIFT:
-            warnings.append(f"{name}: repeated phrases rose from {old_repeats:.0%} to {new_repeats:.0%} of word trigrams")
+        warnings += [f"{name}: {w}" for w in _warnings_of(run, summary, scores)]
+    newest = run(get_policy, None).version
+    if (target := rollback_target(games, newest)) is not None:
+        warnings.append(
+            f"people rate the newest policy v{newest} ({scores[newest]:.0f}) below v{target} ({scores[target]:.0f}): "
+            f"roll back to v{target} (`tether rollback {target}`, or Roll back in the Loop view) so the next round starts from it"
+        )
     return warnings
+
+
+def _warnings_of(run: Run, summary: RoundSummary, scores: dict[int, float]) -> list[str]:
+    warnings = []
+    if below := _rated_below_parent(summary, scores):
+        if summary.score_gain is not None and summary.score_gain > 0:
+            below += f", although the reward model's score rose by {summary.score_gain:.2f} during PPO: a sign of reward hacking"
+        warnings.append(below)
+    accuracy, pairs = summary.new_votes_accuracy, summary.new_votes_pairs
+    if accuracy is not None and pairs is not None and pairs >= MIN_VOTES_FOR_WARNING and accuracy < MIN_NEW_VOTES_ACCURACY:
+        warnings.append(
+            f"reward model v{summary.round.reward_version} agrees with people on only {accuracy:.0%} of the {pairs} votes "
+            f"that came after it was trained: it no longer tracks what people prefer in the new policy's answers"
+        )
+    return warnings + _drift_warnings(run, summary.round)
+
+
+def _rated_below_parent(summary: RoundSummary, scores: dict[int, float]) -> str | None:
+    """Whether people rate the round's new version below the one it started from, in words with the figures.
+
+    Both signs need MIN_VOTES_FOR_WARNING votes on the round's pairs: a rating from a vote or two
+    is noise, and Bradley-Terry's prior makes a single lost vote a gap of some 190 points.
+    """
+    new, old, win = summary.round.policy_to, summary.round.policy_from, summary.win_rate
+    if win is None or win.votes < MIN_VOTES_FOR_WARNING:
+        return None
+    rated_below = new in scores and old in scores and scores[new] < scores[old]
+    lost = win.rate < 0.5
+    if not rated_below and not lost:
+        return None
+    figures = [f"won {win.rate:.0%} [{win.low:.0%}, {win.high:.0%}] of {win.votes} votes against v{old}"]
+    if new in scores and old in scores:
+        figures.append(f"Bradley-Terry rating {scores[new]:.0f} against v{old}'s {scores[old]:.0f}")
+    return f"people rate v{new} below v{old}: it " + ", ".join(figures)
+
+
+def rollback_target(games: list[Game], newest: int) -> int | None:
+    """The best-rated version, when people rate the newest policy below it; each with MIN_VOTES_FOR_WARNING votes or more."""
+    votes = Counter(v for a, b, _ in games for v in (a, b))
+    scores = {v: r for v, r in bradley_terry(games).items() if votes[v] >= MIN_VOTES_FOR_WARNING}
+    if newest not in scores:
+        return None
+    best = max(scores, key=scores.get)
+    return best if scores[best] > scores[newest] else None
+
+
+def _drift_warnings(run: Run, round_: Round) -> list[str]:
+    """Drift in length or repetition between the old and new policy's answers to the round's pairs."""
+    texts = run(paired_texts, round_.policy_to, round_.policy_from)
+    old, new = texts[round_.policy_from], texts[round_.policy_to]
+    if not old or not new:
+        return []
+    warnings = []
+    old_length, new_length = _mean_length(old), _mean_length(new)
+    if old_length and new_length and max(new_length / old_length, old_length / new_length) >= LENGTH_DRIFT:
+        warnings.append(f"responses drifted in length, {old_length:.0f} to {new_length:.0f} tokens on average")
+    old_repeats, new_repeats = repeated_trigram_share(old), repeated_trigram_share(new)
+    if new_repeats - old_repeats >= REPETITION_DRIFT:
+        warnings.append(f"repeated phrases rose from {old_repeats:.0%} to {new_repeats:.0%} of word trigrams")
+    return warnings
+
+
+def roll_back(project: Project, run: Run, version: int) -> Policy:
+    """Register a new policy version that copies `version`, so the next round starts from it.
+
+    Nothing is deleted: the versions given up keep their adapters, votes and ratings, and the
+    new version records which one was newest when it was made.
+    """
+    plan = run(plan_rollback, version)
+    if plan.to.adapter_path is None:  # the starting model: nothing to copy
+        return run(add_rollback, plan, None)
+    target = Path("policies") / f"v{plan.version}"
+    _copy_atomically(project.root / plan.to.adapter_path, project.root / target)
+    try:
+        return run(add_rollback, plan, str(target))
+    except BaseException:
+        shutil.rmtree(project.root / target, ignore_errors=True)
+        raise
+
+
+def _copy_atomically(source: Path, target: Path) -> None:
+    """Copy a directory into a hidden sibling of `target`, then rename it into place: `target` is whole or absent."""
+    if target.exists():
+        raise StoreError(f"{target} exists already: move it away, then roll back again")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    hidden = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        shutil.copytree(source, hidden, dirs_exist_ok=True)
+        hidden.rename(target)
+    except OSError as e:
+        shutil.rmtree(hidden, ignore_errors=True)
+        raise StoreError(f"cannot copy the adapter {source} to {target}: {e}") from None
 
 
 def _mean_length(completions: list[tuple[int | None, str]]) -> float | None:
@@ -166,7 +286,7 @@ def repeated_trigram_share(completions: list[tuple[int | None, str]]) -> float:
 
 def describe(summary: RoundSummary) -> dict[str, Any]:
     """One row of the round history, as the CLI and the app show it."""
-    round_, win = summary.round, summary.win_rate
+    round_, win, lc = summary.round, summary.win_rate, summary.length_controlled
     return {
         "round": round_.id,
         "status": round_.status,
@@ -176,7 +296,9 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "PPO": ", ".join(f"{k} {summary.ppo[k]}" for k in ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl") if k in summary.ppo),
         "KL": "" if summary.kl is None else f"{summary.kl:.2f}",
         "win rate": "" if win is None or win.rate is None else f"{win.rate:.0%} [{win.low:.0%}, {win.high:.0%}]",
+        "length-controlled": "" if lc is None else f"{lc.rate:.0%} [{lc.low:.0%}, {lc.high:.0%}]",
         "votes": 0 if win is None else win.votes,
+        "RM on new votes": "" if summary.new_votes_accuracy is None else f"{summary.new_votes_accuracy:.0%} of {summary.new_votes_pairs}",
     }
 
 
