@@ -42,6 +42,14 @@ def get_reward_model(con: Connection, version: int | None = None) -> RewardModel
     return RewardModel(row[0], row[1], row[2], json.loads(row[3]))
 
 
+def snapshot_path(con: Connection, content_hash: str) -> str:
+    """Where a recorded snapshot's Parquet file is, relative to the project directory."""
+    row = con.execute("SELECT path FROM snapshots WHERE hash = ?", [content_hash]).fetchone()
+    if row is None:
+        raise StoreError(f"no snapshot {content_hash[:12]} is recorded")
+    return row[0]
+
+
 def list_reward_models(con: Connection) -> list[RewardModel]:
     rows = con.execute("SELECT version, snapshot, adapter_path, metrics FROM reward_models ORDER BY version DESC").fetchall()
     return [RewardModel(row[0], row[1], row[2], json.loads(row[3])) for row in rows]

@@ -1,4 +1,6 @@
+import dataclasses
 import json
+import math
 import random
 
 import pytest
@@ -13,10 +15,12 @@ from train.reward import (
     NORMALIZATION_FILE,
     Normalization,
     RewardModel,
+    WarmStart,
     build_model,
     encode,
     encode_pairs,
     load_reward_model,
+    plan_warm_start,
     split_by_prompt,
     train_reward_model,
 )
@@ -28,12 +32,12 @@ def assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-def toy_rows(prompts: int, pairs_per_prompt: int = 1, seed: int = 0) -> list[dict]:
+def toy_rows(prompts: int, pairs_per_prompt: int = 1, seed: int = 0, ask: str = "Tell me about") -> list[dict]:
     """A learnable preference: the chosen reply ends with "thanks", the rejected one with "sorry"."""
     rng = random.Random(seed)
     rows = []
     for i in range(prompts):
-        prompt = [{"role": "user", "content": f"Tell me about {rng.choice(WORDS)} number {i}."}]
+        prompt = [{"role": "user", "content": f"{ask} {rng.choice(WORDS)} number {i}."}]
         for _ in range(pairs_per_prompt):
             body = " ".join(rng.choice(WORDS) for _ in range(4))
             rows.append({"prompt": prompt, "chosen": assistant(f"{body} thanks"), "rejected": assistant(f"{body} sorry")})
@@ -45,21 +49,34 @@ def prompt_key(row: dict) -> str:
 
 
 def test_the_split_keeps_each_prompt_on_one_side_and_is_deterministic():
-    rows = toy_rows(prompts=20, pairs_per_prompt=3)
-    train, held = split_by_prompt(rows, eval_share=0.25, seed=7)
+    rows = toy_rows(prompts=40, pairs_per_prompt=3)
+    train, held = split_by_prompt(rows, eval_share=0.25)
     assert len(train) + len(held) == len(rows)
     assert not {prompt_key(r) for r in train} & {prompt_key(r) for r in held}
-    assert len({prompt_key(r) for r in held}) == 5  # a quarter of the 20 prompts, with all their pairs
-    assert len(held) == 15
+    assert 5 <= len({prompt_key(r) for r in held}) <= 15  # about a quarter of the 40 prompts
+    assert len(held) == 3 * len({prompt_key(r) for r in held})  # with all their pairs
 
-    again = split_by_prompt(list(reversed(rows)), eval_share=0.25, seed=7)
+    again = split_by_prompt(list(reversed(rows)), eval_share=0.25)
     assert sorted(map(prompt_key, again[1])) == sorted(map(prompt_key, held))  # the row order does not matter
     assert [r["chosen"] for r in train] == [r["chosen"] for r in rows if r in train]  # each part keeps the order
-    other = split_by_prompt(rows, eval_share=0.25, seed=8)[1]
-    assert {prompt_key(r) for r in other} != {prompt_key(r) for r in held}
 
-    assert split_by_prompt(rows[:6], eval_share=0.01, seed=0)[1] != []  # a share > 0 holds out at least one prompt
-    assert split_by_prompt(rows, eval_share=0.0, seed=0) == (rows, [])
+    assert split_by_prompt(rows[:6], eval_share=0.01)[1] != []  # a share > 0 holds out at least one prompt
+    assert split_by_prompt(rows[:6], eval_share=0.99)[0] != []  # and trains on at least one
+    assert split_by_prompt(rows, eval_share=0.0) == (rows, [])
+
+
+def test_a_prompt_is_held_out_or_not_whatever_other_prompts_there_are():
+    """Warm starts rely on it: a version must never train on a prompt an earlier version held out."""
+    rows = toy_rows(prompts=60)
+    held = {prompt_key(r) for r in split_by_prompt(rows, eval_share=0.3)[1]}
+    assert 0 < len(held) < 60
+    for part in (rows[:30], rows[30:], rows[::2], rows[10:50] + toy_rows(prompts=25, seed=9)):
+        train, eval_ = split_by_prompt(part, eval_share=0.3)
+        assert {prompt_key(r) for r in eval_} & {prompt_key(r) for r in rows} == {prompt_key(r) for r in part} & held
+        assert not {prompt_key(r) for r in train} & held
+    # The side comes from the messages' content: the same prompt as a string or as messages lands alike.
+    as_string = [{**r, "prompt": r["prompt"][0]["content"]} for r in rows]
+    assert {r["prompt"] for r in split_by_prompt(as_string, eval_share=0.3)[1]} == {json.loads(k)[0]["content"] for k in held}
 
 
 def test_long_prompts_lose_their_start_and_no_pair_is_dropped(tiny_model_dir):
@@ -136,7 +153,7 @@ def trained(tiny_model_dir, tmp_path_factory):
     # A few long prompts, so that truncation runs during training too.
     for row in rows[:6]:
         row["prompt"] = [{"role": "user", "content": " ".join(WORDS * 3)}] + row["prompt"]
-    train, held = split_by_prompt(rows, eval_share=0.25, seed=0)
+    train, held = split_by_prompt(rows, eval_share=0.25)
     out_dir = tmp_path_factory.mktemp("rm") / "v1"
     progress = []
     metrics = train_reward_model(str(tiny_model_dir), train, held, TRAIN_CONFIG, out_dir, on_progress=progress.append)
@@ -145,9 +162,11 @@ def trained(tiny_model_dir, tmp_path_factory):
 
 def test_a_short_run_learns_a_toy_preference(trained, tiny_model_dir):
     rows, train, held, metrics, out_dir, progress = trained
-    assert (metrics["pairs_train"], metrics["pairs_eval"]) == (30, 10)
+    assert (metrics["pairs_train"], metrics["pairs_eval"]) == (len(train), len(held)) == (25, 15)
+    assert (metrics["warm_start_from"], metrics["pairs_new"], metrics["pairs_replayed"]) == (None, 25, 0)  # from scratch
+    assert metrics["new_votes_accuracy"] is None and metrics["new_votes_pairs"] is None
     assert metrics["truncated"] > 0  # long prompts were cut, and still every pair trained:
-    assert metrics["steps"] == len(progress) == 4 * 4  # 30 pairs in batches of 8, four epochs
+    assert metrics["steps"] == len(progress) == 4 * 4  # 25 pairs in batches of 8, four epochs
     assert [p["step"] for p in progress] == list(range(1, 17)) and {p["total_steps"] for p in progress} == {16}
     assert all(0 <= p["accuracy"] <= 1 for p in progress) and progress[-1]["accuracy"] > progress[0]["accuracy"]
     assert metrics["eval_accuracy"] >= 0.9
@@ -218,3 +237,77 @@ def test_the_config_checks_its_values():
                 {"precision": "fp16"}):
         with pytest.raises(ValueError):
             RewardModelConfig(**bad)
+
+
+def later_votes(trained) -> tuple[list[dict], list[dict], list[dict], WarmStart]:
+    """v1's rows plus 16 pairs on new prompts, split as the next run splits them: (new, train, eval, plan with replay 0.5)."""
+    rows, train, held, metrics, out_dir, progress = trained
+    new = toy_rows(prompts=16, seed=5, ask="Now tell me of")
+    all_train, all_held = split_by_prompt(rows + new, eval_share=0.25)
+    new_ids = {id(r) for r in new}
+    plan = plan_warm_start(out_dir, 1, all_train, all_held, lambda r: id(r) in new_ids, replay=0.5, seed=0)
+    return new, all_train, all_held, plan
+
+
+def test_a_warm_start_trains_on_the_new_pairs_and_a_replay_sample_and_scores_the_new_votes_first(trained, tiny_model_dir, tmp_path):
+    rows, train, held, v1_metrics, v1_dir, _ = trained
+    new, all_train, all_held, plan = later_votes(trained)
+    # The old prompts keep their sides, so v2 neither trains on v1's held-out pairs nor replays them.
+    assert [r for r in all_train if r in rows] == train and [r for r in all_held if r in rows] == held
+    assert sorted(map(prompt_key, plan.new_train + plan.new_eval)) == sorted(map(prompt_key, new))
+    assert plan.new_train and plan.new_eval
+    assert len(plan.replayed) == round(0.5 * len(plan.new_train)) and all(r in train for r in plan.replayed)
+
+    config = dataclasses.replace(TRAIN_CONFIG, epochs=2)
+    progress = []
+    metrics = train_reward_model(str(tiny_model_dir), all_train, all_held, config, tmp_path / "v2", progress.append, plan)
+    assert metrics["warm_start_from"] == 1
+    assert (metrics["pairs_new"], metrics["pairs_replayed"]) == (len(plan.new_train), len(plan.replayed))
+    assert metrics["steps"] == len(progress) == 2 * math.ceil((len(plan.new_train) + len(plan.replayed)) / 8)
+    assert (metrics["pairs_train"], metrics["pairs_eval"]) == (len(all_train), len(all_held))
+    assert metrics["eval_accuracy"] >= 0.9  # old and new held-out prompts alike: nothing was forgotten
+    before, after = load_file(v1_dir / "adapter_model.safetensors"), load_file(tmp_path / "v2" / "adapter_model.safetensors")
+    moved = {k.split(".")[-2] for k in before if not torch.allclose(before[k], after[k])}
+    assert moved == {"lora_A", "lora_B", "score"}  # the adapter and the head trained on
+
+    # v1's accuracy on every new pair, held-out ones included, as v1 scores them loaded on its own.
+    before = load_reward_model(str(tiny_model_dir), v1_dir).pairwise_accuracy(plan.new_train + plan.new_eval)
+    assert metrics["new_votes_pairs"] == len(new) == before.pairs
+    assert metrics["new_votes_accuracy"] == before.accuracy and 0 <= before.accuracy <= 1
+
+    # Normalised over the pairs fitted this time, new and replayed: a sample whose cost is the round's.
+    v2 = load_reward_model(str(tiny_model_dir), tmp_path / "v2")
+    fitted = plan.new_train + plan.replayed
+    prompts = [r["prompt"] for r in fitted] * 2
+    responses = [r["chosen"][0]["content"] for r in fitted] + [r["rejected"][0]["content"] for r in fitted]
+    scores = torch.tensor(v2.score(prompts, responses))
+    assert scores.mean().item() == pytest.approx(0, abs=1e-4)
+    assert scores.std(correction=0).item() == pytest.approx(1, abs=1e-4)
+
+    # Still a plain PEFT adapter.
+    cases = [(r["prompt"], r[side][0]["content"]) for r in plan.new_eval[:3] + train[:3] for side in ("chosen", "rejected")]
+    plain = score_with_plain_peft(tiny_model_dir, tmp_path / "v2", cases, tmp_path)
+    assert [p["raw"] for p in plain] == pytest.approx(v2.raw_scores([c[0] for c in cases], [c[1] for c in cases]), abs=1e-4)
+
+
+def test_a_warm_start_begins_at_the_saved_adapter_and_head(trained, tiny_model_dir, tmp_path):
+    v1_dir = trained[4]
+    _, all_train, all_held, plan = later_votes(trained)
+    # A learning rate too small to move anything: what is saved is where training began.
+    still = dataclasses.replace(TRAIN_CONFIG, learning_rate=1e-10, epochs=1)
+    train_reward_model(str(tiny_model_dir), all_train, all_held, still, tmp_path / "v2", warm_start=plan)
+    before, after = load_file(v1_dir / "adapter_model.safetensors"), load_file(tmp_path / "v2" / "adapter_model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)
+    assert any("lora_B" in k and before[k].abs().sum() > 0 for k in before)  # a fresh adapter would start at B = 0
+
+
+def test_a_warm_start_with_no_new_training_pairs_fails_clearly(trained, tiny_model_dir, tmp_path):
+    rows, train, held, metrics, v1_dir, _ = trained
+    nothing_new = plan_warm_start(v1_dir, 1, train, held, lambda r: False, replay=1.0, seed=0)
+    with pytest.raises(ModelError, match="^no new pairs to train on since reward model v1$"):
+        train_reward_model(str(tiny_model_dir), train, held, TRAIN_CONFIG, tmp_path / "v2", warm_start=nothing_new)
+    held_out_only = plan_warm_start(v1_dir, 1, train, held, lambda r: r in held, replay=1.0, seed=0)
+    with pytest.raises(ModelError, match=f"its {len(held)} new pairs are all on held-out prompts"):
+        train_reward_model(str(tiny_model_dir), train, held, TRAIN_CONFIG, tmp_path / "v2", warm_start=held_out_only)
+    assert not (tmp_path / "v2").exists()

@@ -14,12 +14,16 @@ import pytest
 from gradio_client import Client
 
 from store import open_database
+from train.jobdir import read_job
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, worker_pids
 
 
-def toy_preferences(path: Path, n: int = 40) -> Path:
-    rows = [{"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"} for i in range(n)]
+def toy_preferences(path: Path, n: int = 40, start: int = 0) -> Path:
+    rows = [
+        {"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"}
+        for i in range(start, start + n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -82,6 +86,61 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
     cases = [(json.loads(messages), text) for messages, text, _ in rewards]
     plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path)
     assert [p["normalised"] for p in plain] == pytest.approx([r for *_, r in rewards], abs=1e-4)
+
+
+def reward_versions(project: Path) -> dict[int, dict]:
+    with closing(open_database(project / "tether.duckdb")) as con:
+        return {version: json.loads(metrics) for version, metrics in con.execute("SELECT version, metrics FROM reward_models").fetchall()}
+
+
+def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_version_on_them(tiny_project, tiny_model_dir, tmp_path):
+    from train.reward import load_reward_model, preference_row, split_by_prompt
+
+    def rm_train() -> subprocess.CompletedProcess:
+        return run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
+
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "first.jsonl")), "--project", str(tiny_project), check=True)
+    assert rm_train().returncode == 0
+    v1 = reward_versions(tiny_project)[1]
+    assert (v1["warm_start_from"], v1["pairs_new"], v1["pairs_replayed"]) == (None, v1["pairs_train"], 0)
+
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "more.jsonl", 20, start=40)), "--project", str(tiny_project), check=True)
+    trained = rm_train()
+    assert trained.returncode == 0, trained.stderr
+    v2 = reward_versions(tiny_project)[2]
+    first, second = (snapshot_rows(tiny_project, job) for job in (1, 2))
+    new_pair_ids = read_job(tiny_project / "jobs" / "2")["config"]["warm_start"]["new_pair_ids"]
+    assert len(second) == 60 and sorted(new_pair_ids) == sorted({r["pair_id"] for r in second} - {r["pair_id"] for r in first})
+    assert len(new_pair_ids) == 20
+    rows = [preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"]) | {"pair_id": r["pair_id"]} for r in second]
+    train, held = split_by_prompt(rows, eval_share=0.1)
+    new_train = [r for r in train if r["pair_id"] in new_pair_ids]
+    assert v2["warm_start_from"] == 1 and v2["pairs_new"] == len(new_train) > 0
+    assert v2["pairs_replayed"] == min(v1["pairs_train"], len(new_train))  # replay = 1.0
+    assert (v2["pairs_train"], v2["pairs_eval"]) == (len(train), len(held))
+    assert v2["new_votes_pairs"] == 20 and 0 <= v2["new_votes_accuracy"] <= 1
+
+    # v2 is a plain PEFT adapter, scored alike by Tether and by transformers + peft alone.
+    cases = [(r["prompt"], r[side][0]["content"]) for r in rows[38:42] for side in ("chosen", "rejected")]
+    plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v2", cases, tmp_path)
+    ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v2").score([c[0] for c in cases], [c[1] for c in cases])
+    assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=1e-4)
+
+    again = rm_train()  # no new votes: nothing to continue on
+    assert again.returncode == 1 and "no new resolved comparisons since reward model v2" in again.stderr
+    assert "Traceback" not in again.stderr
+
+    set_settings(tiny_project, "reward_model", warm_start=False)
+    assert rm_train().returncode == 0
+    v3 = reward_versions(tiny_project)[3]
+    assert (v3["warm_start_from"], v3["pairs_new"], v3["pairs_replayed"], v3["new_votes_accuracy"]) == (None, len(train), 0, None)
+    assert read_job(tiny_project / "jobs" / "3")["config"]["warm_start"] is None  # the refused run queued no job
+
+
+def snapshot_rows(project: Path, job_id: int) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(project / "jobs" / str(job_id) / "inputs" / "preferences.parquet").to_pylist()
 
 
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):

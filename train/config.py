@@ -10,6 +10,18 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
+@dataclass(frozen=True)
+class Hardware:
+    """What a project runs on, as `tether init` finds it (train.models.detect_hardware)."""
+
+    device: str  # "cpu" or "cuda"
+    name: str
+    memory_gb: float  # of the GPU when there is one, else of the machine
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.memory_gb:.0f} GB)"
+
+
 @dataclass
 class ModelConfig:
     name_or_path: str = field(
@@ -65,7 +77,11 @@ class RewardModelConfig:
                           "or comma-separated module names such as 'q_proj,v_proj'. The scalar head is always trained in full."},
     )
     learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate, decayed linearly to 0."})
-    epochs: int = field(default=1, metadata={"help": "Passes over the training pairs."})
+    epochs: int = field(
+        default=1,
+        metadata={"help": "Passes over the pairs a run fits: every training pair from scratch, the new and replayed "
+                          "ones when warm-started."},
+    )
     batch_size: int = field(default=8, metadata={"help": "Preference pairs per forward pass (each pair is two sequences)."})
     gradient_accumulation: int = field(default=1, metadata={"help": "Batches whose gradients are summed before each optimiser step."})
     max_length: int = field(
@@ -85,9 +101,24 @@ class RewardModelConfig:
                           "bf16 where the hardware has it (a CUDA GPU with bf16, or a CPU with AVX512-BF16 or AMX), "
                           "else fp32. On such a CPU bf16 trains about twice as fast. Scoring is always fp32."},
     )
-    eval_share: float = field(default=0.1, metadata={"help": "Share of prompts held out for evaluation; a prompt's pairs all go to one side."})
-    seed: int = field(default=0, metadata={"help": "Random seed for the split, the head's initialisation and the batch order."})
+    eval_share: float = field(
+        default=0.1,
+        metadata={"help": "Share of prompts held out for evaluation; a prompt's pairs all go to one side, chosen by a hash "
+                          "of the prompt, so a prompt stays on its side in every version."},
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed for the head's initialisation, the replay sample and the batch order."})
     include_imported: bool = field(default=False, metadata={"help": "Also train on imported preference data, not only the project's votes."})
+    warm_start: bool = field(
+        default=True,
+        metadata={"help": "Continue from the newest reward-model version's adapter and head, training on the pairs it has "
+                          "not seen plus a replay sample of those it has, instead of from scratch on every pair. Each round "
+                          "then costs about its new votes, not all of them. Off, or with no version yet, trains from scratch."},
+    )
+    replay: float = field(
+        default=1.0,
+        metadata={"help": "With warm_start: old training pairs replayed per new pair, drawn at random, so the model does not "
+                          "forget what earlier votes taught it while it fits the new ones. 0 trains on the new pairs alone."},
+    )
 
     def __post_init__(self):
         if self.lora_r < 1 or self.lora_alpha < 1:
@@ -106,6 +137,8 @@ class RewardModelConfig:
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if not 0 <= self.eval_share < 1:
             raise ValueError(f"eval_share must be in [0, 1), got {self.eval_share}")
+        if self.replay < 0:
+            raise ValueError(f"replay must be 0 or more, got {self.replay}")
 
     def lora_target_modules(self) -> str | list[str]:
         """target_modules as peft's LoraConfig takes it: the 'all-linear' shorthand, or a list of names."""
@@ -123,7 +156,13 @@ class PPOConfig:
     minibatch_size: int = field(default=4, metadata={"help": "Responses per gradient step within a batch."})
     epochs: int = field(default=4, metadata={"help": "Passes over each batch (K in the PPO paper)."})
     learning_rate: float = field(default=3e-5, metadata={"help": "AdamW learning rate of the policy and value adapters."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Longest response sampled during PPO, in tokens."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Longest response sampled during PPO, in tokens. Unset, it is [generation] max_new_tokens, "
+                          "the length of the completions annotators compare, so that PPO optimises what people see and "
+                          "a response can end within it and earn its full score. Shorter saves time, and Tether warns; "
+                          "longer is refused."},
+    )
     temperature: float = field(
         default=0.7,
         metadata={"help": "Sampling temperature. The loss divides the logits by it too, so the probabilities PPO "
@@ -131,12 +170,21 @@ class PPOConfig:
     )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of the policy adapter (the value adapter copies the reward model's)."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of the policy adapter."})
-    kl_coef: float = field(default=0.05, metadata={"help": "Starting beta of the per-token KL penalty -beta * (log pi - log pi_ref)."})
+    kl_coef: float = field(
+        default=0.05,
+        metadata={"help": "beta of the per-token KL penalty -beta * (log pi - log pi_ref) in the first round; later rounds "
+                          "go on with the beta the policy they start from ended with, unless target_kl is 0."},
+    )
     target_kl: float = field(
         default=6.0,
-        metadata={"help": "KL to the reference (nats per response) the adaptive beta steers towards; 0 keeps beta fixed."},
+        metadata={"help": "KL to the starting model (nats per response) the adaptive beta steers towards; 0 keeps beta "
+                          "at kl_coef. [round] kl_budget is the hard limit."},
     )
-    kl_horizon: int = field(default=10000, metadata={"help": "Responses over which the adaptive beta moves towards the target (Ziegler et al.)."})
+    kl_horizon: int = field(
+        default=10,
+        metadata={"help": "PPO steps over which the adaptive beta moves towards the target (Ziegler et al.): each step "
+                          "changes it by at most 20% / kl_horizon. Beta carries over from round to round with the policy."},
+    )
     gamma: float = field(default=1.0, metadata={"help": "Discount of GAE; 1 for a reward that comes only at the end."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE: bias against variance of the advantages."})
     clip_range: float = field(default=0.2, metadata={"help": "PPO's clip on the probability ratio."})
@@ -162,13 +210,15 @@ class PPOConfig:
     def __post_init__(self):
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
-        for name in ("steps", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "lora_r", "lora_alpha", "kl_horizon"):
+        for name in ("steps", "batch_size", "minibatch_size", "epochs", "lora_r", "lora_alpha", "kl_horizon"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.batch_size % self.minibatch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be more than 0 (PPO samples), got {self.temperature}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.learning_rate <= 0 or self.kl_coef < 0 or self.target_kl < 0:
             raise ValueError("learning_rate must be more than 0, and kl_coef and target_kl at least 0")
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):

@@ -1,13 +1,18 @@
 """The reward model: a LoRA adapter and a scalar head on the base model, fitted Bradley-Terry style.
 
 The algorithm, in the order `train_reward_model` runs it:
-1. split the preference rows by prompt, so no prompt is both trained on and held out;
+1. split the preference rows by prompt, so no prompt is both trained on and held out; a prompt's
+   side is fixed by its hash, so it is the same in every version;
 2. encode each response with its prompt through the chat template, the response as the assistant
    turn closed by EOS; a sequence over max_length loses the start of its prompt, never a pair;
 3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being the head's
-   output at the last non-pad token (the EOS that closes the response);
-4. normalise: the mean and std of the raw rewards on the training pairs, saved beside the adapter,
-   so that (raw - mean) / std is comparable across reward-model versions;
+   output at the last non-pad token (the EOS that closes the response). From scratch, a fresh
+   adapter and head fit every training pair. Warm-started, the previous version's adapter and
+   head first score the pairs it has not seen (its accuracy on the new votes), then fit those
+   of them on the training side plus a random replay sample of the old training pairs;
+4. normalise: the mean and std of the raw rewards on the pairs this run fitted (all the training
+   pairs from scratch; new and replayed ones warm-started, a sample of them), saved beside the
+   adapter, so that (raw - mean) / std is comparable across reward-model versions;
 5. evaluate pairwise accuracy on the held-out prompts;
 6. save a plain PEFT adapter directory (adapter, head, tokenizer, normalisation, metrics).
 
@@ -16,6 +21,7 @@ So it gets pairs already tokenised and truncated here: it skips its own tokenisa
 filter then has nothing left to drop, and `_fit` checks that it dropped nothing.
 """
 
+import hashlib
 import json
 import math
 import random
@@ -80,6 +86,17 @@ class PairwiseResult:
     truncated: int
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """A run that continues from a saved reward model: what is new to it, and what it trains on again."""
+
+    adapter_dir: Path  # the previous version's saved reward model
+    version: int
+    new_train: list[PreferenceRow]  # training-side pairs it never saw
+    new_eval: list[PreferenceRow]  # held-out pairs it never saw; with new_train, the new votes it is measured on
+    replayed: list[PreferenceRow]  # training pairs it saw, fitted again so that it does not forget them
+
+
 def preference_row(prompt: Messages | str, chosen: str, rejected: str) -> PreferenceRow:
     """A comparison in TRL's conversational preference form, as training and evaluation take it."""
     return {"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}], "rejected": [{"role": "assistant", "content": rejected}]}
@@ -88,28 +105,63 @@ def preference_row(prompt: Messages | str, chosen: str, rejected: str) -> Prefer
 # 1. Split
 
 
-def split_by_prompt(rows: list[PreferenceRow], eval_share: float, seed: int) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
-    """(train, eval): about eval_share of the distinct prompts, with all their pairs, go to eval.
+def split_by_prompt(rows: list[PreferenceRow], eval_share: float) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
+    """(train, eval): the prompts whose hash falls below eval_share, with all their pairs, go to eval.
 
-    The same rows and seed give the same split whatever the row order; each part keeps the rows'
-    order. With eval_share > 0 and two or more prompts, each part gets at least one prompt.
+    A prompt's side follows from its messages alone, not from the other rows, so it keeps its side
+    as votes come in: a warm-started version never trains on what an earlier one held out. Each
+    part keeps the rows' order. With eval_share > 0 and two or more prompts, each part gets at
+    least one prompt: if the hashes put all on one side, the prompt nearest the line crosses it.
     """
     by_prompt: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         by_prompt.setdefault(_prompt_key(row["prompt"]), []).append(i)
-    keys = sorted(by_prompt)
-    random.Random(seed).shuffle(keys)
-    held_out = round(len(keys) * eval_share)
-    if eval_share > 0 and len(keys) >= 2:
-        held_out = min(max(held_out, 1), len(keys) - 1)
-    eval_indices = {i for key in keys[:held_out] for i in by_prompt[key]}
+    position = {key: _eval_position(key) for key in by_prompt}
+    held = {key for key, p in position.items() if p < eval_share}
+    if eval_share > 0 and len(position) >= 2:
+        if not held:
+            held = {min(position, key=position.get)}
+        elif len(held) == len(position):
+            held.remove(max(position, key=position.get))
+    eval_indices = {i for key in held for i in by_prompt[key]}
     train = [row for i, row in enumerate(rows) if i not in eval_indices]
-    held = [row for i, row in enumerate(rows) if i in eval_indices]
-    return train, held
+    return train, [row for i, row in enumerate(rows) if i in eval_indices]
+
+
+def _eval_position(prompt_key: str) -> float:
+    """Where a prompt falls in [0, 1) for the held-out split: a fixed function of its messages.
+
+    The hash is salted so that the reward model's held-out prompts are independent of the prompts
+    rounds hold back from PPO (which use the plain content hash against their own share).
+    """
+    digest = hashlib.sha256(("reward-model-eval\n" + prompt_key).encode()).hexdigest()
+    return int(digest[:8], 16) / 16**8
+
+
+def plan_warm_start(
+    adapter_dir: Path,
+    version: int,
+    train_rows: list[PreferenceRow],
+    eval_rows: list[PreferenceRow],
+    is_new: Callable[[PreferenceRow], bool],
+    replay: float,
+    seed: int,
+) -> WarmStart:
+    """Continue from `version`'s reward model: the rows it never saw, and old training rows to replay.
+
+    The replay sample is min(old, round(replay * new)) of the old training rows, drawn at random.
+    Old rows on the held-out side are never trained on: the split holds for every version, so no
+    earlier version trained on them either.
+    """
+    new_train = [row for row in train_rows if is_new(row)]
+    old_train = [row for row in train_rows if not is_new(row)]
+    replayed = random.Random(seed + version).sample(old_train, min(len(old_train), round(replay * len(new_train))))
+    return WarmStart(Path(adapter_dir), version, new_train, [row for row in eval_rows if is_new(row)], replayed)
 
 
 def _prompt_key(prompt: Messages | str) -> str:
-    return json.dumps(_messages(prompt), sort_keys=True, ensure_ascii=False)
+    """The canonical messages JSON, as prompts' content hashes are taken."""
+    return json.dumps(_messages(prompt), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 # 2. Encode
@@ -189,6 +241,18 @@ def build_model(model_path: str, config: RewardModelConfig) -> tuple[PreTrainedM
         modules_to_save=["score"],
     )
     return get_peft_model(base, lora), tokenizer
+
+
+def load_adapter(model_path: str, adapter_dir: Path, trainable: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved reward model's adapter and head on the base model; trainable to continue fitting them."""
+    from peft import PeftModel
+
+    tokenizer = _load_tokenizer(adapter_dir)
+    try:
+        model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer), adapter_dir, is_trainable=trainable)
+    except (OSError, ValueError, RuntimeError) as e:  # e.g. an adapter made for another base model
+        raise ModelError(f"cannot load the reward model in {adapter_dir} on {model_path!r}: {' '.join(str(e).split())}") from None
+    return model, tokenizer
 
 
 def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -314,7 +378,7 @@ def _raw_scores(
     scores = [0.0] * len(sequences)
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
-        input_ids, attention_mask = _pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
+        input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
         logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
         for i, value in zip(batch, logits[:, 0].float().tolist()):
             scores[i] = value
@@ -323,7 +387,7 @@ def _raw_scores(
     return scores
 
 
-def _pad_right(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_right(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in sequences)
     input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # (B, T)
     attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, T)
@@ -394,26 +458,47 @@ def train_reward_model(
     config: RewardModelConfig,
     out_dir: Path,
     on_progress: ProgressFn | None = None,
+    warm_start: WarmStart | None = None,
 ) -> dict[str, Any]:
-    """Fit a reward model on train_rows, evaluate it on eval_rows, and save it to out_dir; its metrics.
+    """Fit a reward model, evaluate it on eval_rows, and save it to out_dir; its metrics.
 
-    model_path is a local model directory (train.models.resolve_model_path gives one) or a hub id.
-    out_dir must not exist or be empty. It is built beside itself and renamed into place once
-    complete, so a run that fails or is killed leaves no reward model behind.
+    From scratch it fits every train row; given warm_start, it continues from that reward model
+    on warm_start's new and replayed rows. Either way the normalisation is taken over the rows it
+    fitted. model_path is a local model directory (train.models.resolve_model_path gives
+    one) or a hub id. out_dir must not exist or be empty. It is built beside itself and renamed
+    into place once complete, so a run that fails or is killed leaves no reward model behind.
     """
     if not train_rows:
         raise ModelError("no preference pairs to train on")
+    if warm_start is not None and not warm_start.new_train:
+        raise ModelError(
+            f"no new pairs to train on since reward model v{warm_start.version}"
+            + (f": its {len(warm_start.new_eval)} new pairs are all on held-out prompts" if warm_start.new_eval else "")
+        )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     started = time.perf_counter()
-    model, tokenizer = build_model(model_path, config)
+    new_votes = None
+    if warm_start is None:
+        model, tokenizer = build_model(model_path, config)
+        fit_rows = train_rows
+    else:
+        model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True)
+        # The previous version as it was saved: did it agree with the people who voted since?
+        adapter_dir = warm_start.adapter_dir
+        previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
+        new_votes = previous.pairwise_accuracy(warm_start.new_train + warm_start.new_eval, config.batch_size * 2)
+        fit_rows = warm_start.new_train + warm_start.replayed
     encoded = encode_pairs(tokenizer, train_rows, config.max_length)
+    fitted = encoded if fit_rows is train_rows else encode_pairs(tokenizer, fit_rows, config.max_length)
 
     fit_started = time.perf_counter()
-    losses = _fit(model, tokenizer, encoded, config, on_progress)
+    losses = _fit(model, tokenizer, fitted, config, on_progress)
     train_seconds = time.perf_counter() - fit_started
 
-    raw = _raw_scores(model, tokenizer.pad_token_id, encoded.chosen_ids + encoded.rejected_ids, config.batch_size * 2)
+    # Over the pairs this run fitted, new and replayed: a sample of the training pairs whose cost
+    # stays that of a round, where scoring every pair so far would grow with all the votes.
+    raw = _raw_scores(model, tokenizer.pad_token_id, fitted.chosen_ids + fitted.rejected_ids, config.batch_size * 2)
     normalization = normalization_of(raw)
     held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(eval_rows, config.batch_size * 2)
 
@@ -433,7 +518,12 @@ def train_reward_model(
         "responses_cut": encoded.responses_cut,
         "steps": len(losses),
         "train_seconds": train_seconds,
-        "pairs_per_second": len(train_rows) * config.epochs / train_seconds,
+        "pairs_per_second": len(fit_rows) * config.epochs / train_seconds,
+        "warm_start_from": warm_start.version if warm_start else None,
+        "pairs_new": len(warm_start.new_train) if warm_start else len(train_rows),  # training pairs fitted for the first time
+        "pairs_replayed": len(warm_start.replayed) if warm_start else 0,
+        "new_votes_accuracy": new_votes.accuracy if new_votes else None,  # the previous version's, before this run trained
+        "new_votes_pairs": new_votes.pairs if new_votes else None,
     }
     metrics["seconds"] = time.perf_counter() - started
     _save(model, tokenizer, normalization, metrics, config, out_dir)
@@ -460,13 +550,12 @@ def read_normalization(adapter_dir: Path) -> Normalization:
     return Normalization(**json.loads((Path(adapter_dir) / NORMALIZATION_FILE).read_text()))
 
 
+def trained_max_length(adapter_dir: Path) -> int:
+    """The max_length a reward model was trained at: it must score at the same, or its scores are not the trained ones."""
+    return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]["max_length"]
+
+
 def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu") -> RewardModel:
     """A saved reward model, in eval mode, on the base model at model_path."""
-    from peft import PeftModel
-
-    adapter_dir = Path(adapter_dir)
-    tokenizer = _load_tokenizer(adapter_dir)
-    model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer), adapter_dir)
-    normalization = read_normalization(adapter_dir)
-    max_length = json.loads((adapter_dir / METRICS_FILE).read_text())["config"]["max_length"]
-    return RewardModel(model.to(device).eval(), tokenizer, normalization, max_length)
+    model, tokenizer = load_adapter(model_path, Path(adapter_dir))
+    return RewardModel(model.to(device).eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))

@@ -48,23 +48,36 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
 
 
 def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Train a reward model on the frozen preferences; write it to reward_model/."""
+    """Train a reward model on the frozen preferences; write it to reward_model/.
+
+    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids"}) it continues from that
+    version on the pairs it has not seen plus a replay sample; without, it starts from scratch.
+    """
     from train.models import resolve_model_path
-    from train.reward import preference_row, split_by_prompt, train_reward_model
+    from train.reward import plan_warm_start, preference_row, split_by_prompt, train_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = [
-        preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"])
+        preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"]) | {"pair_id": r["pair_id"]}
         for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()
     ]
-    train_rows, eval_rows = split_by_prompt(rows, reward.eval_share, reward.seed)
-    events.emit("started", pairs_train=len(train_rows), pairs_eval=len(eval_rows))
+    train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
+    warm_start = None
+    if start := config.get("warm_start"):
+        new_pair_ids = set(start["new_pair_ids"])
+        warm_start = plan_warm_start(
+            Path(start["adapter_path"]), start["version"], train_rows, eval_rows,
+            lambda row: row["pair_id"] in new_pair_ids, reward.replay, reward.seed,
+        )
+    events.emit(
+        "started", pairs_train=len(train_rows), pairs_eval=len(eval_rows), warm_start_from=warm_start.version if warm_start else None
+    )
 
     def progress(update: dict[str, Any]) -> None:
         events.emit("progress", **update, progress=update["step"] / update["total_steps"])
 
     metrics = train_reward_model(
-        resolve_model_path(config["model"]["name_or_path"]), train_rows, eval_rows, reward, job_dir / "reward_model", progress
+        resolve_model_path(config["model"]["name_or_path"]), train_rows, eval_rows, reward, job_dir / "reward_model", progress, warm_start
     )
     return {"adapter": "reward_model", "metrics": metrics}
 
@@ -103,7 +116,9 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
         events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
 
     policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
-    result = train_ppo(model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step)
+    result = train_ppo(
+        model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step, config["kl_budget"]
+    )
     return {"adapter": "policy", "steps": result["steps"]}
 
 

@@ -28,7 +28,16 @@ from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progr
 from store.policies import add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.rounds import set_policy_to, set_reward_version
-from store.reward_models import add_reward_model, add_snapshot, get_reward_model, next_reward_model_version
+from store.reward_models import (
+    RewardModel,
+    add_reward_model,
+    add_snapshot,
+    get_reward_model,
+    list_reward_models,
+    next_reward_model_version,
+    snapshot_path,
+)
+from train.config import RewardModelConfig
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
 from ui.project import Project
 
@@ -88,7 +97,11 @@ def is_held_back(prompt: Prompt, share: float) -> bool:
 
 
 def submit_reward_training(project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None) -> Job:
-    """Queue training a reward model on a frozen snapshot of the project's resolved comparisons."""
+    """Queue training a reward model on a frozen snapshot of the project's resolved comparisons.
+
+    With [reward_model] warm_start, the job continues from the newest version, training on the
+    pairs its snapshot lacks plus a replay sample of those it has.
+    """
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
@@ -99,8 +112,58 @@ def submit_reward_training(project: Project, run: Run, include_imported: bool | 
         {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]), "chosen": r["chosen"][0]["content"], "rejected": r["rejected"][0]["content"]}
         for r in rows
     ])
-    config = {"model": dataclasses.asdict(project.config.model), "reward_model": dataclasses.asdict(reward)}
+    config = {
+        "model": dataclasses.asdict(project.config.model),
+        "reward_model": dataclasses.asdict(reward),
+        "warm_start": _warm_start(project, run, reward, [r["pair_id"] for r in rows]) if reward.warm_start else None,
+    }
     return _submit(project, run, "reward_model", config, {"preferences": snapshot}, round_id)
+
+
+# A version can be continued only by an adapter of its own shape on its own base model.
+ADAPTER_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
+
+
+def _warm_start(project: Project, run: Run, reward: RewardModelConfig, pair_ids: list[int]) -> dict[str, Any] | None:
+    """What a warm start continues from: the newest version, its adapter and the pairs it has not seen.
+
+    None, for training from scratch, when there is no version yet or the newest was trained on
+    another base model or adapter shape than the settings now ask for.
+    """
+    newest = run(_newest_training)
+    if newest is None:
+        return None
+    previous, snapshot, job_config = newest
+    same_shape = job_config is not None and job_config["model"]["name_or_path"] == project.config.model.name_or_path and all(
+        job_config["reward_model"].get(name) == getattr(reward, name) for name in ADAPTER_SETTINGS
+    )
+    if not same_shape:
+        return None
+    path = project.root / snapshot
+    try:
+        seen = set(pq.read_table(path, columns=["pair_id"]).column("pair_id").to_pylist())
+    except (OSError, pa.ArrowException) as e:
+        raise JobError(
+            f"cannot read {path}, the snapshot reward model v{previous.version} trained on ({' '.join(str(e).split())}): "
+            "set warm_start = false in [reward_model] of tether.toml to train from scratch"
+        ) from None
+    new_pair_ids = [pair_id for pair_id in pair_ids if pair_id not in seen]
+    if not new_pair_ids:
+        raise JobError(
+            f"no new resolved comparisons since reward model v{previous.version}: collect votes first, "
+            "or set warm_start = false in [reward_model] of tether.toml to train again from scratch"
+        )
+    return {"version": previous.version, "adapter_path": str(project.root / previous.adapter_path), "new_pair_ids": new_pair_ids}
+
+
+def _newest_training(con: Connection) -> tuple[RewardModel, str, dict[str, Any] | None] | None:
+    """The newest reward model, the path of its snapshot, and the config of the job that trained it."""
+    versions = list_reward_models(con)
+    if not versions:
+        return None
+    newest = versions[0]
+    job_id = newest.metrics.get("job")
+    return newest, snapshot_path(con, newest.snapshot), get_job(con, job_id).config if job_id is not None else None
 
 
 def submit_scoring(project: Project, run: Run, version: int | None = None) -> Job:
@@ -133,7 +196,10 @@ def submit_ppo(
     config = {
         "model": dataclasses.asdict(project.config.model),
         # Offset by the version, so each round's PPO draws its own prompt batches and samples.
-        "ppo": dataclasses.asdict(project.config.ppo) | {"seed": project.config.ppo.seed + policy.version},
+        "ppo": dataclasses.asdict(project.config.ppo) | {
+            "seed": project.config.ppo.seed + policy.version, "max_new_tokens": project.config.ppo_response_tokens(),
+        },
+        "kl_budget": project.config.round.kl_budget,
         "reward_version": reward_model.version,
         "reward_adapter_path": str(project.root / reward_model.adapter_path),
         "policy_version": policy.version,
