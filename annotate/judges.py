@@ -40,7 +40,34 @@ def positive(prompt: str, completion: str) -> float:
     return 10 * (sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)) / max(len(words), 10)
 
 
-BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive}
+TOKEN = re.compile(r"\d+(?:[.,:]\d+)*%?|[A-Za-z][A-Za-z'-]*")
+EXAMPLES = frozenset("example examples instance e.g such".split())
+VAGUE = frozenset(
+    "thing things stuff various many some several generally usually often maybe perhaps possibly depends etc "
+    "something somewhat kind sort basically really very lot lots".split()
+)
+
+
+def specific(prompt: str, completion: str) -> float:
+    """Concrete content: numbers, names mid-sentence and worked examples, minus vague filler, per ten words.
+
+    The density is taken over at least 20 words, so neither padding nor a bare "7." wins: it
+    rewards what an answer says, not how long it is.
+    """
+    concrete = vague = words = 0
+    for match in TOKEN.finditer(completion):
+        token = match.group()
+        words += 1
+        before = completion[: match.start()].rstrip()
+        mid_sentence = bool(before) and before[-1] not in ".!?:\n\"*-"
+        if token[0].isdigit() or token.lower() in EXAMPLES or (mid_sentence and token[0].isupper() and token != "I"):
+            concrete += 1
+        elif token.lower() in VAGUE:
+            vague += 1
+    return 10 * (concrete - vague) / max(words, 20)
+
+
+BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive, "specific": specific}
 
 
 class JudgeError(Exception):

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from annotate.judges import JudgeError, concise, load_judge, positive, prefers_first, sigmoid
+from annotate.judges import JudgeError, concise, load_judge, positive, prefers_first, sigmoid, specific
 
 
 def test_the_built_in_judges_rank_as_named():
@@ -25,7 +25,7 @@ def test_judges_load_by_name_module_or_file(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def judge(:\n")
     for spec, message in [
-        ("nonsense", "expected one of concise, positive"),
+        ("nonsense", "expected one of concise, positive, specific"),
         (f"{tmp_path}/absent.py:judge", "is not a file"),
         (f"{mine}:absent", "has no function absent"),
         ("no_such_module_here:judge", "cannot import no_such_module_here"),
@@ -45,3 +45,14 @@ def test_a_noisy_annotator_prefers_the_better_one_at_the_sigmoid_rate():
     assert all(prefers_first(concise, "q", short, long, 0, rng) for _ in range(100))  # noise 0: always the better
     assert not prefers_first(concise, "q", long, short, 0, rng)
     assert sigmoid(-1000) == 0.0 and sigmoid(1000) == 1.0  # no overflow at the extremes
+
+
+def test_the_specific_judge_rewards_concrete_content_not_length():
+    concrete = "Water boils at 100 degrees Celsius at sea level; in Denver, at 1,609 m, it boils near 95."
+    vague = "Water generally boils at some temperature, and it depends on various things, so it can vary a lot."
+    assert specific("q", concrete) > 1 > 0 > specific("q", vague)
+    padded = concrete + " " + " ".join(["and the water is hot"] * 10)
+    assert specific("q", padded) < specific("q", concrete)  # more words with nothing concrete in them dilute it
+    assert specific("q", "7.") == specific("q", "7") < specific("q", concrete)  # a bare number is not an answer
+    assert specific("q", "The cat sat. The dog ran.") == 0.0  # a capital that starts a sentence is not a name
+    assert specific("q", "") == 0.0

@@ -62,13 +62,17 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
         assert {"reward model", "PPO"} <= stages, seen
 
-        history, scores, warnings, shown, samples, score, kl, entropy, length = operator.predict(None, api_name="/rounds")
+        history, scores, warnings, shown, samples, score, kl, kl_to_start, ended, entropy, length = operator.predict(None, api_name="/rounds")
         assert history["data"][0][:4] == [1, "done", "v0 → v1", "v1"]
+        assert history["data"][0][6] == history["data"][0][7] != ""  # from v0, KL to v0 is KL to the parent
+        assert history["data"][0][8].endswith("%")  # the share of PPO's responses that ended
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
         assert len(samples["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["data"])
-        for plot, name in ((score, "score"), (kl, "kl"), (entropy, "entropy"), (length, "response_length")):
+        plots = {"score": score, "kl": kl, "kl_to_start": kl_to_start, "finished": ended, "entropy": entropy, "response_length": length}
+        for name, plot in plots.items():
             assert [row[0] for row in plot["data"]] == [1, 2, 3], name
         assert kl["data"][0][1] == 0.0  # the policy is the reference at the first step
+        assert all(0 <= row[1] <= 1 for row in ended["data"])
 
         # The annotator is served the new-against-old pairs; their votes become the round's win rate.
         votes = 0
@@ -77,8 +81,8 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
             token = annotator.predict(token, None, "", api_name="/vote_left")[0]
             votes += 1
         history, scores, *_ = operator.predict(None, api_name="/rounds")
-        assert history["data"][0][9] == votes > 0
-        assert history["data"][0][7].endswith("]") and history["data"][0][8].endswith("]")  # raw and length-controlled, with intervals
+        assert history["data"][0][11] == votes > 0
+        assert history["data"][0][9].endswith("]") and history["data"][0][10].endswith("]")  # raw and length-controlled, with intervals
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
 
 

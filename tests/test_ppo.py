@@ -14,6 +14,7 @@ from train.config import PPOConfig, RewardModelConfig
 from train.generate import end_of_turn_ids
 from train.ppo import (
     AdaptiveKL,
+    RewardScorer,
     add_advantages,
     add_rewards,
     build,
@@ -21,11 +22,13 @@ from train.ppo import (
     position_ids,
     ppo_step,
     response_logprobs,
+    reward_scores,
     sample,
+    sampling_settings,
     train_ppo,
     trainable_parameters,
 )
-from train.reward import NORMALIZATION_FILE, build_model, read_normalization
+from train.reward import METRICS_FILE, NORMALIZATION_FILE, build_model, encode, read_normalization
 
 PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
 
@@ -63,51 +66,61 @@ def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
     return logits.softmax(-1).mean(0)
 
 
-def token_reward_model(model_dir, token_id: int, out_dir, scale: float = 8.0):
-    """A reward model that favours one token: no LoRA change, and a head along that token's
-    normalised embedding. In the residual stream of a 2-layer model the last hidden state
-    still points mostly along the last token's embedding, so the score peaks at that token."""
+def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0):
+    """A reward model that favours one token as a one-token response: no LoRA change, and a head
+    along the difference between the hidden state it leaves at the closing EOS (where the score is
+    read) and the mean of the other candidates'. The prompts' own last states are projected out,
+    so the value PPO starts from reads 0 before the response, as a fresh critic would."""
     model, tokenizer = build_model(str(model_dir), RewardModelConfig())
+    direction, prompt_states = 0, []
+    for messages in PROMPTS:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = torch.tensor([[*prompt, t, tokenizer.eos_token_id] for t in candidates.tolist()])
+        with torch.no_grad():
+            hidden = model.get_base_model().model(input_ids=ids).last_hidden_state  # (N, T, H)
+        direction = direction + hidden[candidates == token_id][0, -1] - hidden[candidates != token_id, -1].mean(0)
+        prompt_states.append(hidden[0, len(prompt) - 1])
+    basis, _ = torch.linalg.qr(torch.stack(prompt_states, dim=1))  # (H, prompts)
+    direction = direction - basis @ (basis.T @ direction)
     with torch.no_grad():
-        embedding = model.get_base_model().model.embed_tokens.weight[token_id]
-        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * embedding / embedding.norm())
+        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * direction / direction.norm())
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
+    (out_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512}}))
     return out_dir
 
 
 @pytest.fixture(scope="module")
 def favoured(peaked_model_dir, tmp_path_factory):
     """(token, reward_dir): the policy's third-likeliest first token, and a reward model that favours it."""
-    probs = first_token_probs(peaked_model_dir)
-    token = probs.topk(3).indices[2].item()
-    return token, token_reward_model(peaked_model_dir, token, tmp_path_factory.mktemp("rm-token"))
+    candidates = first_token_probs(peaked_model_dir).topk(20).indices
+    token = candidates[2].item()
+    return token, token_reward_model(peaked_model_dir, token, candidates, tmp_path_factory.mktemp("rm-token"))
 
 
 @pytest.fixture
 def wrapped(peaked_model_dir, favoured):
     model, tokenizer = load(peaked_model_dir)
     config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
-    return build(model, favoured[1], config), tokenizer, config, read_normalization(favoured[1])
+    return build(model, favoured[1], config), tokenizer, config, RewardScorer(tokenizer, read_normalization(favoured[1]), 512)
 
 
-def one_step(wrapped, beta=0.1):
-    model, tokenizer, config, normalization = wrapped
+def one_step(wrapped, beta=0.1, prompts=PROMPTS * 4):
+    model, tokenizer, config, scorer = wrapped
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate)
-    return ppo_step(model, tokenizer, normalization, optimizer, PROMPTS * 4, config, AdaptiveKL(beta, 0, 1),
+    return ppo_step(model, scorer, optimizer, prompts, config, AdaptiveKL(beta, 0, 1),
                     end_of_turn_ids(model.peft_model, tokenizer), torch.Generator().manual_seed(0))
 
 
 def test_the_toy_reward_model_favours_its_token(peaked_model_dir, favoured, wrapped):
     token, _ = favoured
-    model, tokenizer, config, normalization = wrapped
-    from train.ppo import reward_scores
-
-    query = tokenizer.pad({"input_ids": [tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]] * 50}, return_tensors="pt")
-    candidates = first_token_probs(peaked_model_dir).topk(50).indices
-    scores = reward_scores(model, normalization, query["input_ids"], query["attention_mask"], candidates[:, None], torch.ones(50, 1, dtype=torch.long))
-    assert candidates[scores.argmax()].item() == token
+    model, tokenizer, config, scorer = wrapped
+    candidates = first_token_probs(peaked_model_dir).topk(20).indices
+    texts = [tokenizer.decode([t]) for t in candidates.tolist()]
+    for prompt in PROMPTS:
+        scores = reward_scores(model, scorer, [prompt] * len(texts), texts)
+        assert candidates[scores.argmax()].item() == token
 
 
 def test_at_step_0_the_policy_is_the_reference_and_kl_is_0(wrapped):
@@ -118,7 +131,7 @@ def test_at_step_0_the_policy_is_the_reference_and_kl_is_0(wrapped):
 
 
 def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapped):
-    model, tokenizer, config, normalization = wrapped
+    model, tokenizer, config, scorer = wrapped
     batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
     args = batch[:4]
     with model.peft_model.disable_adapter():
@@ -132,10 +145,10 @@ def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapp
 
 
 def test_rewards_are_the_kl_penalty_per_token_and_the_score_on_the_last_token_only(wrapped):
-    model, tokenizer, config, normalization = wrapped
+    model, tokenizer, config, scorer = wrapped
     one_step(wrapped)  # the policy moves away from the reference, so the KL is not 0
     batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
-    rollout, _ = evaluate(model, normalization, batch, config)
+    rollout, _ = evaluate(model, scorer, PROMPTS * 4, batch, config)
     beta = 0.5
     kl = add_rewards(rollout, beta)
     mask = rollout.response_mask.bool()
@@ -169,7 +182,7 @@ def test_gae_with_lambda_1_is_the_return_minus_the_value():
 
 
 def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapped):
-    model, tokenizer, config, normalization = wrapped
+    model, tokenizer, config, scorer = wrapped
     batch = sample(model, tokenizer, PROMPTS, config, end_of_turn_ids(model.peft_model, tokenizer))
     query_ids, query_mask, response_ids, response_mask, _ = batch
     together = response_logprobs(model, *batch[:4], 0.7)
@@ -182,14 +195,14 @@ def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapp
     mask = torch.cat([query_mask, response_mask], 1)
     logits = model.logits(ids, mask, keep=response_ids.shape[1] + 1)[:, :-1]
     manual = (logits / 0.7).log_softmax(-1).gather(-1, response_ids[..., None])[..., 0]
-    assert torch.allclose(together, manual, atol=1e-6)
+    assert torch.allclose(together, manual, atol=1e-5)  # the selective log-softmax is the full one, read at the tokens
 
 
 def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favoured, tmp_path):
     token, reward_dir = favoured
     before = first_token_probs(peaked_model_dir)[token].item()
     model, tokenizer = load(peaked_model_dir)
-    config = PPOConfig(steps=12, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-3,
+    config = PPOConfig(steps=12, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-4,
                        kl_coef=0.01, target_kl=0, missing_eos_penalty=0.0, seed=1)
     steps = []
     result = train_ppo(model, tokenizer, PROMPTS, reward_dir, config, tmp_path / "policy", on_step=steps.append)
@@ -220,7 +233,7 @@ def test_the_saved_policy_loads_with_plain_peft_and_generates(peaked_model_dir, 
     model, tokenizer = load(peaked_model_dir)
     config = PPOConfig(steps=1, batch_size=4, minibatch_size=2, max_new_tokens=3)
     train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "policy")
-    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "ppo_config.json"]
+    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "kl_controller.json", "ppo_config.json"]
     script = tmp_path / "plain.py"
     script.write_text(textwrap.dedent(PLAIN_GENERATE))
     result = subprocess.run([sys.executable, str(script), str(peaked_model_dir), str(tmp_path / "policy")],
@@ -246,6 +259,7 @@ def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(t
     done = run_tether("ppo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("policy v1 from v0 against reward model v1: last step score")
+    assert "warning: PPO samples at most 6 tokens ([ppo] max_new_tokens) while annotators compare completions of up to 12" in done.stderr
     again = run_tether("ppo", "--project", str(tiny_project))  # continues from v1
     assert again.returncode == 0 and again.stdout.startswith("policy v2 from v1"), again.stderr
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
@@ -259,3 +273,122 @@ def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(t
 
     generated = run_tether("generate", "--limit", "2", "--project", str(tiny_project))  # the newest policy samples
     assert generated.returncode == 0 and "from policy v2" in generated.stdout, generated.stderr
+
+
+def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
+    """The toy reward model with other normalisation offsets and training max_length, as a trained one would have."""
+    import shutil
+
+    copy = tmp_path / "rm-copy"
+    shutil.copytree(reward_dir, copy)
+    (copy / NORMALIZATION_FILE).write_text(json.dumps({"mean": mean, "std": std}))
+    (copy / METRICS_FILE).write_text(json.dumps({"config": {"max_length": max_length}}))
+    return copy
+
+
+def test_at_step_0_the_value_at_the_last_token_is_the_normalised_score(peaked_model_dir, favoured, tmp_path):
+    reward_dir = reward_copy(favoured[1], tmp_path)
+    model, tokenizer = load(peaked_model_dir)
+    wrapped = build(model, reward_dir, PPOConfig())
+    scorer = RewardScorer(tokenizer, read_normalization(reward_dir), 512)
+    texts = ["A fruit.", "Light and music", ""]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
+    scores = reward_scores(wrapped, scorer, prompts, texts)
+    values = []
+    for prompt, text in zip(prompts, texts):
+        ids = torch.tensor([encode(tokenizer, prompt, text, 512).input_ids])
+        wrapped.peft_model.set_adapter("value")
+        with torch.no_grad():
+            values.append(wrapped.value_head(wrapped.hidden(ids, torch.ones_like(ids))[0, -1]).item())
+    assert scores.abs().max() > 0.5  # normalised with mean 0.7 and std 2.5, far from the raw scores
+    assert torch.allclose(torch.tensor(values), scores, atol=1e-4)
+
+
+def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is_1(peaked_model_dir, favoured):
+    model, tokenizer = load(peaked_model_dir)
+    model.generation_config.repetition_penalty = 1.3  # as a model may ship it
+    model.generation_config.no_repeat_ngram_size = 2
+    config = PPOConfig(max_new_tokens=8, temperature=0.9)
+    wrapped = build(model, favoured[1], config)
+    eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
+    query_ids, query_mask, *_ = sample(wrapped, tokenizer, PROMPTS * 4, config, eos)
+    torch.manual_seed(3)
+    out = wrapped.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos),
+                                      output_scores=True, return_dict_in_generate=True)
+    response = out.sequences[:, query_ids.shape[1]:]  # (B, R)
+    sampled = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, response[..., None])[..., 0]  # what generate sampled from
+    is_eos = torch.isin(response, torch.tensor(sorted(eos)))
+    mask = (torch.cumsum(is_eos.long(), 1) - is_eos.long()) == 0  # through the first EOS
+    scored = response_logprobs(wrapped, query_ids, query_mask, response.masked_fill(~mask, tokenizer.pad_token_id), mask.long(), config.temperature)
+    log_ratio = (scored.detach() - sampled)[mask]
+    assert log_ratio.numel() > 8
+    assert log_ratio.abs().max() < 1e-4  # ratio 1: the loss scores exactly the distribution generate sampled from
+    assert (0.5 * log_ratio**2).mean() < 1e-8  # approximate KL 0
+
+
+def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_length(peaked_model_dir, favoured, tmp_path):
+    from train.reward import load_reward_model
+
+    reward_dir = reward_copy(favoured[1], tmp_path, max_length=14)
+    model, tokenizer = load(peaked_model_dir)
+    wrapped = build(model, reward_dir, PPOConfig())
+    long_prompt = [{"role": "user", "content": "Tell me about music, light, fruit and the sea, all of it, at length please."}]
+    prompts, texts = [long_prompt, PROMPTS[0], PROMPTS[1]], ["Music is light.", "A fig", ""]
+    assert len(encode(tokenizer, long_prompt, texts[0], 10_000).input_ids) > 14  # so the cut matters
+    ppo = reward_scores(wrapped, RewardScorer(tokenizer, read_normalization(reward_dir), 14), prompts, texts)
+    rm_score = load_reward_model(str(peaked_model_dir), reward_dir).score(prompts, texts)
+    assert torch.allclose(ppo, torch.tensor(rm_score), atol=1e-4), (ppo, rm_score)
+
+
+def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_model_dir, favoured, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from train.errors import ModelError
+
+    broken = tmp_path / "rm-other-model"
+    shutil.copytree(favoured[1], broken)
+    weights = load_file(str(broken / "adapter_model.safetensors"))
+    save_file({k.replace("layers.1.", "layers.7."): v for k, v in weights.items()}, str(broken / "adapter_model.safetensors"))
+    model, _ = load(peaked_model_dir)
+    with pytest.raises(ModelError, match="rm-other-model does not fit this model: .* match no layer"):
+        build(model, broken, PPOConfig())
+
+
+def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrapped):
+    import random
+
+    from train.ppo import draw_prompts, optimizer_for
+
+    optimizer = optimizer_for(wrapped[0], PPOConfig(learning_rate=1e-4))
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0]
+    assert {p.data_ptr() for p in optimizer.param_groups[0]["params"]} == {p.data_ptr() for p in trainable_parameters(wrapped[0])}
+    prompts = [[{"role": "user", "content": str(i)}] for i in range(10)]
+    rng = random.Random(0)
+    for _ in range(50):
+        batch = draw_prompts(prompts, 8, rng)
+        assert len({p[0]["content"] for p in batch}) == 8
+    few = draw_prompts(prompts[:3], 8, rng)  # fewer prompts than the batch: each as evenly as it goes
+    assert sorted(sum(p == q for q in few) for p in prompts[:3]) == [2, 3, 3]
+
+
+def test_beta_goes_on_from_the_policy_version_and_a_step_over_the_kl_budget_ends_the_run(peaked_model_dir, favoured, tmp_path):
+    model, tokenizer = load(peaked_model_dir)
+    config = PPOConfig(steps=3, batch_size=4, minibatch_size=4, max_new_tokens=4, temperature=1.0, learning_rate=3e-3,
+                       kl_coef=0.1, target_kl=0.01, kl_horizon=2)
+    first = train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "v1")["steps"]
+    saved = json.loads((tmp_path / "v1" / "kl_controller.json").read_text())["beta"]
+    assert first[0]["beta"] == 0.1
+    for before, after in zip(first, first[1:] + [{"beta": saved}]):  # each step moves beta by at most 20% / kl_horizon
+        error = max(-0.2, min(0.2, before["kl"] / 0.01 - 1))
+        assert after["beta"] == pytest.approx(before["beta"] * (1 + error / 2))
+    assert saved != 0.1
+
+    model, tokenizer = load(peaked_model_dir)
+    steps = []
+    train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "v2", tmp_path / "v1", steps.append, kl_budget=1e-6)
+    assert steps[0]["beta"] == saved  # the next round starts where the last one ended
+    assert steps[0]["kl"] > 1e-6 and steps[0]["kl_to_start"] == 0.0  # v1 is far from v0, and is where this run starts
+    assert len(steps) == 1 and steps[0]["over_budget"] == 1.0 and "policy_loss" not in steps[0]  # stopped before updating
+    assert (tmp_path / "v2" / "adapter_model.safetensors").exists()

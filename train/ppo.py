@@ -3,19 +3,25 @@
 After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF with PPO"
 (Huang et al. 2024). One base model holds three LoRA adapters (PEFT named adapters):
 - `policy`, the adapter PPO trains, with the base's own language-model head;
-- `value`, an adapter plus a scalar head, both started from the reward model and trained too;
-- `reward`, the reward model's adapter and head, frozen.
+- `value`, an adapter plus a scalar head, both started from the reward model (the head rescaled to
+  the normalised score the returns are made of) and trained too;
+- `reward`, the reward model's adapter and head, frozen;
+- `start`, when PPO continues a policy version: that version, frozen, to measure the KL to it.
 The reference policy is the base with the adapters disabled, so the tether costs no extra weights.
 
 Each step, in the order `ppo_step` runs it:
-1. rollout: sample one response per prompt from the policy at `temperature`;
+1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
+   distribution the loss scores (none of the model's own sampling defaults apply);
 2. evaluate: the policy's and the reference's log-probs, the values, and the reward model's
-   normalised score of each response, minus the missing-EOS and length penalties;
+   normalised score of each response's text, scored as `tether rm score` scores it, minus the
+   missing-EOS and length penalties;
 3. rewards: -beta * (log pi - log pi_ref) on every response token, plus the score on the last;
 4. advantages: GAE (gamma, lambda), whitened over the batch's response tokens;
 5. update: `epochs` passes over minibatches of the clipped policy loss and vf_coef times the
    clipped value loss;
-6. beta moves towards `target_kl` (Ziegler et al. 2019), unless target_kl is 0.
+6. beta moves towards `target_kl` (Ziegler et al. 2019), unless target_kl is 0; it is saved with the
+   policy, so the next round's PPO goes on from it. A step whose KL to the starting model is over
+   `kl_budget` ends the run before it updates.
 
 Tensors are (B, R) over response tokens unless named otherwise: B responses, R the longest.
 """
@@ -34,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.reward import Normalization, read_normalization, uses_bf16
+from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length, uses_bf16
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -97,23 +103,32 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_dir: Path | None = None) -> PolicyWithHeads:
-    """Put the three adapters and two heads on `model`, a causal LM.
+    """Put the adapters and two heads on `model`, a causal LM.
 
     The policy starts from policy_dir when given (PPO continues a policy version), else fresh
     (its LoRA B is zero, so it starts equal to the reference). The value adapter and head start
-    as copies of the reward model's, as in InstructGPT.
+    as copies of the reward model's, as in InstructGPT, the head rescaled so that it starts out
+    predicting the normalised score that the returns are made of.
     """
-    from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     if next(model.parameters()).device.type == "cpu":
         # On a CPU, SDPA's attention backward costs about five times its forward; at PPO's
         # lengths (a prompt and a short response) eager attention is the faster of the two.
         model.set_attn_implementation("eager")
+    # generate() fills whatever PPO leaves unset from the model's own generation config, and a
+    # model that ships a repetition penalty (Qwen2.5-Instruct does) would then sample from another
+    # distribution than the one the loss scores. Only the token ids are kept.
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.generation_config.bos_token_id, eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=model.generation_config.pad_token_id,
+    )
     reward_config = LoraConfig.from_pretrained(str(reward_dir))
     reward_config.task_type, reward_config.modules_to_save, reward_config.lora_dropout = "CAUSAL_LM", None, 0.0
     reward_config.inference_mode = False
     if policy_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
+        peft_model.load_adapter(str(policy_dir), adapter_name="start", is_trainable=False)
     else:
         torch.manual_seed(config.seed)
         policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
@@ -126,20 +141,45 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     lora_weights = {k: v for k, v in weights.items() if "lora_" in k}
     for name in ("value", "reward"):
         peft_model.add_adapter(name, reward_config)
-        set_peft_model_state_dict(peft_model, lora_weights, adapter_name=name)
-    hidden_size, dtype = weights[head_key].shape[1], weights[head_key].dtype
-    heads = []
-    for _ in range(2):
-        head = nn.Linear(hidden_size, 1, bias=False, dtype=dtype)
-        head.weight.data.copy_(weights[head_key])
-        heads.append(head)
-    value_head, reward_head = heads
+        load_adapter_weights(peft_model, lora_weights, name, reward_dir)
+    normalization = read_normalization(reward_dir)
+    raw_head = weights[head_key]  # (1, H)
+    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=raw_head.dtype)
+    reward_head.weight.data.copy_(raw_head)
     reward_head.requires_grad_(False)
+    # value = (raw - mean) / std at the start: the returns are normalised scores, not raw ones.
+    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=raw_head.dtype)
+    value_head.weight.data.copy_(raw_head / normalization.std)
+    value_head.bias.data.fill_(-normalization.mean / normalization.std)
     peft_model.set_adapter("policy")
     return PolicyWithHeads(peft_model, value_head, reward_head).to(next(model.parameters()).device).eval()
 
 
+def load_adapter_weights(peft_model, lora_weights: dict[str, torch.Tensor], name: str, source: Path) -> None:
+    """Load LoRA weights into adapter `name`, or fail: PEFT reports a mismatch but loads what it can,
+    which would leave the adapter's LoRA at its initial values without a word."""
+    from peft import set_peft_model_state_dict
+
+    loaded = set_peft_model_state_dict(peft_model, lora_weights, adapter_name=name)
+    missing = [k for k in loaded.missing_keys if "lora_" in k and f".{name}." in k]
+    if loaded.unexpected_keys or missing:
+        unmatched = (loaded.unexpected_keys or missing)[0]
+        raise ModelError(
+            f"{source} does not fit this model: {len(loaded.unexpected_keys)} of its LoRA weights match no layer and "
+            f"{len(missing)} layers get none (for example {unmatched}); was it trained on another base model?"
+        )
+
+
 # 1. Rollout
+
+
+def sampling_settings(config: PPOConfig, tokenizer, eos_ids: set[int]) -> dict[str, Any]:
+    """generate()'s arguments for PPO's samples: plain sampling at the temperature the loss divides by.
+
+    top_k=0 and top_p=1, so the sample comes from exactly the distribution the loss scores.
+    """
+    return {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0,
+            "max_new_tokens": config.max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": sorted(eos_ids)}
 
 
 @torch.no_grad()
@@ -150,11 +190,7 @@ def sample(model: PolicyWithHeads, tokenizer, prompts: list[Messages], config: P
     device = next(model.parameters()).device
     query_ids, query_mask = query["input_ids"].to(device), query["attention_mask"].to(device)
     model.peft_model.set_adapter("policy")
-    # top_k=0 and top_p=1: the sample must come from exactly the distribution the loss scores.
-    output = model.peft_model.generate(
-        input_ids=query_ids, attention_mask=query_mask, do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0,
-        max_new_tokens=config.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos_ids),
-    )
+    output = model.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos_ids))
     response_ids = output[:, query_ids.shape[1] :]  # (B, R)
     is_eos = torch.isin(response_ids, torch.tensor(sorted(eos_ids), device=device))
     finished = is_eos.any(dim=1)
@@ -166,6 +202,12 @@ def sample(model: PolicyWithHeads, tokenizer, prompts: list[Messages], config: P
     return query_ids, query_mask, response_ids, response_mask, finished
 
 
+def response_texts(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor, finished: torch.Tensor) -> list[str]:
+    """Each response as annotators see it: decoded without its closing EOS, as generation stores completions."""
+    lengths = response_mask.sum(dim=1) - finished.long()
+    return [tokenizer.decode(ids[:n], skip_special_tokens=True) for ids, n in zip(response_ids.tolist(), lengths.tolist())]
+
+
 # 2. Evaluate
 
 
@@ -175,13 +217,32 @@ def response_logprobs(model: PolicyWithHeads, query_ids, query_mask, response_id
     input_ids = torch.cat([query_ids, response_ids], dim=1)  # (B, P + R)
     attention_mask = torch.cat([query_mask, response_mask], dim=1)
     width = response_ids.shape[1]
-    logits = model.logits(input_ids, attention_mask, keep=width + 1)[:, :-1] / temperature  # (B, R, V): each predicts the next token
-    logprobs_all = F.log_softmax(logits.float(), dim=-1)
-    logprobs = logprobs_all.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    logits = model.logits(input_ids, attention_mask, keep=width + 1)[:, :-1]  # (B, R, V): each predicts the next token
+    logprobs = selective_log_softmax(logits, response_ids, temperature)
     if not with_entropy:
         return logprobs
-    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+    with torch.no_grad():
+        entropy = torch.stack([entropy_of(row.float() / temperature) for row in logits])  # (B, R)
     return logprobs, entropy
+
+
+def selective_log_softmax(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) at `tokens`, (B, R), in float32 one sequence at a time.
+
+    The full (B, R, V) log-softmax is never built: each row's logsumexp is taken from a float32
+    copy of that row alone, as TRL's selective_log_softmax does.
+    """
+    rows = []
+    for row, row_tokens in zip(logits, tokens):  # (R, V), (R,)
+        scaled = row.float() / temperature
+        rows.append(scaled.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1))
+    return torch.stack(rows)
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) along the last dimension."""
+    logprobs = logits.log_softmax(-1)
+    return -(logprobs.exp() * logprobs).sum(-1)
 
 
 def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
@@ -195,22 +256,38 @@ def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids,
         model.peft_model.set_adapter("policy")
 
 
+@dataclass(frozen=True)
+class RewardScorer:
+    """How the reward model reads a response: the tokenizer's chat template, its normalisation and its trained max_length."""
+
+    tokenizer: PreTrainedTokenizerBase
+    normalization: Normalization
+    max_length: int
+
+
 @torch.no_grad()
-def reward_scores(model: PolicyWithHeads, normalization: Normalization, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
-    """(B,) normalised reward-model score, read at each response's last token as in reward-model training."""
+def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], texts: list[str]) -> torch.Tensor:
+    """(B,) normalised reward-model score of each response text, computed as `tether rm score` computes it.
+
+    The text is encoded again through the chat template and closed by EOS, as in reward-model
+    training, and a sequence over the reward model's max_length loses the start of its prompt.
+    """
+    sequences = [encode(scorer.tokenizer, p, t, scorer.max_length).input_ids for p, t in zip(prompts, texts)]
+    input_ids, attention_mask = pad_right(sequences, scorer.tokenizer.pad_token_id)  # (B, T) each
+    device = next(model.parameters()).device
     model.peft_model.set_adapter("reward")
     try:
-        hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
+        hidden = model.backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
     finally:
         model.peft_model.set_adapter("policy")
-    last = query_ids.shape[1] + response_mask.sum(dim=1) - 1  # (B,) index of each response's last token
-    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
-    return (raw - normalization.mean) / normalization.std
+    last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
+    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)]).squeeze(-1).float()
+    return (raw - scorer.normalization.mean) / scorer.normalization.std
 
 
 @torch.no_grad()
-def evaluate(model: PolicyWithHeads, normalization: Normalization, batch: tuple, config: PPOConfig) -> tuple[Rollout, torch.Tensor]:
-    """The rollout of a sampled batch, and the entropy (B, R) of the policy along it."""
+def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], batch: tuple, config: PPOConfig) -> tuple[Rollout, dict[str, torch.Tensor]]:
+    """The rollout of a sampled batch, and per-token diagnostics (B, R) along it: entropy and the KL to the starting version."""
     query_ids, query_mask, response_ids, response_mask, finished = batch
     args = (query_ids, query_mask, response_ids, response_mask)
     # The update recomputes these under the same precision, so its first ratios are 1.
@@ -218,13 +295,21 @@ def evaluate(model: PolicyWithHeads, normalization: Normalization, batch: tuple,
         logprobs, entropy = response_logprobs(model, *args, config.temperature, with_entropy=True)
         with model.peft_model.disable_adapter():
             ref_logprobs = response_logprobs(model, *args, config.temperature)
+        start_logprobs = ref_logprobs
+        if "start" in model.peft_model.peft_config:
+            model.peft_model.set_adapter("start")
+            try:
+                start_logprobs = response_logprobs(model, *args, config.temperature)
+            finally:
+                model.peft_model.set_adapter("policy")
         values = response_values(model, *args)
-    scores = reward_scores(model, normalization, *args)  # float32, as the normalisation offsets were computed
+    texts = response_texts(scorer.tokenizer, response_ids, response_mask, finished)
+    scores = reward_scores(model, scorer, prompts, texts)  # float32, as the normalisation offsets were computed
     scores = scores - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
     mask = response_mask.float()
     rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
                       logprobs * mask, ref_logprobs * mask, values * mask, scores, finished)
-    return rollout, entropy
+    return rollout, {"entropy": entropy, "kl_to_start": (logprobs - start_logprobs) * mask}
 
 
 # 3. Rewards and 4. advantages
@@ -326,6 +411,12 @@ def mixed_precision(model: PolicyWithHeads, config: PPOConfig) -> Iterator[None]
         yield
 
 
+def optimizer_for(model: PolicyWithHeads, config: PPOConfig) -> torch.optim.Optimizer:
+    """AdamW without weight decay, as in TRL's PPO: decay would pull the adapters back towards the
+    reference on a schedule of its own, beside the KL penalty that is meant to do that."""
+    return torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate, eps=1e-5, weight_decay=0.0)
+
+
 def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:
     """The policy and value adapters' LoRA weights, and the value head."""
     adapters = [p for name, p in model.peft_model.named_parameters() if ".policy." in name or ".value." in name]
@@ -335,27 +426,48 @@ def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:
 # 6. The KL controller
 
 
+KL_STATE_FILE = "kl_controller.json"
+
+
 class AdaptiveKL:
-    """beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon (Ziegler et al. 2019); fixed when target is 0."""
+    """beta *= 1 + clip(KL / target - 1, -0.2, 0.2) / horizon after each step (Ziegler et al. 2019,
+    with the horizon counted in PPO steps rather than responses); fixed when target is 0."""
 
     def __init__(self, beta: float, target: float, horizon: int):
         self.beta, self.target, self.horizon = beta, target, horizon
 
-    def update(self, kl: float, n: int) -> None:
+    def update(self, kl: float) -> None:
         if self.target > 0:
             error = max(-0.2, min(0.2, kl / self.target - 1))
-            self.beta *= 1 + error * n / self.horizon
+            self.beta *= 1 + error / self.horizon
+
+
+def starting_beta(config: PPOConfig, policy_dir: Path | None) -> float:
+    """kl_coef for a fresh policy; the beta a policy version ended with, when PPO continues it and beta adapts.
+
+    Rounds are a few steps each, too few for the controller to settle within one, so it goes on
+    across them as one run would.
+    """
+    state = policy_dir / KL_STATE_FILE if policy_dir is not None else None
+    if config.target_kl > 0 and state is not None and state.exists():
+        return json.loads(state.read_text())["beta"]
+    return config.kl_coef
 
 
 # The whole run
 
 
-def ppo_step(model, tokenizer, normalization, optimizer, prompts, config, controller: AdaptiveKL, eos_ids, generator) -> tuple[dict, Rollout]:
-    """One PPO step on a batch of prompts: its logged statistics, and the rollout they came from."""
+def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller: AdaptiveKL, eos_ids, generator,
+             kl_budget: float = 0.0) -> tuple[dict, Rollout]:
+    """One PPO step on a batch of prompts: its logged statistics, and the rollout they came from.
+
+    A step whose KL to the starting model is over kl_budget (when not 0) is not trained on; its
+    statistics say `over_budget`.
+    """
     started = time.perf_counter()
-    batch = sample(model, tokenizer, prompts, config, eos_ids)
+    batch = sample(model, scorer.tokenizer, prompts, config, eos_ids)
     generated_seconds = time.perf_counter() - started
-    rollout, entropy = evaluate(model, normalization, batch, config)
+    rollout, diagnostics = evaluate(model, scorer, prompts, batch, config)
     beta = controller.beta
     kl = add_rewards(rollout, beta)
     add_advantages(rollout, config.gamma, config.lam)
@@ -364,15 +476,19 @@ def ppo_step(model, tokenizer, normalization, optimizer, prompts, config, contro
     stats = {
         "score": rollout.scores.mean().item(),
         "kl": kl_per_response,
-        "entropy": masked_mean(entropy, mask).item(),
+        "kl_to_start": diagnostics["kl_to_start"].sum(dim=1).mean().item(),
+        "entropy": masked_mean(diagnostics["entropy"], mask).item(),
         "response_length": mask.sum(dim=1).mean().item(),
         "finished": rollout.finished.float().mean().item(),
         "beta": beta,
         "generated_tokens": int(mask.sum().item()),
         "generate_seconds": generated_seconds,
     }
-    stats |= update(model, optimizer, rollout, config, generator)
-    controller.update(kl_per_response, len(prompts))
+    if kl_budget and kl_per_response > kl_budget:
+        stats["over_budget"] = 1.0
+    else:
+        stats |= update(model, optimizer, rollout, config, generator)
+        controller.update(kl_per_response)
     stats["seconds"] = time.perf_counter() - started
     return stats, rollout
 
@@ -386,52 +502,63 @@ def train_ppo(
     out_dir: Path,
     policy_dir: Path | None = None,
     on_step: StepFn | None = None,
+    kl_budget: float = 0.0,
 ) -> dict[str, Any]:
     """Run config.steps PPO steps on batches drawn from prompts; save the policy adapter to out_dir.
 
     model is the base causal LM with a left-padding tokenizer whose pad differs from EOS
     (train.models.load_model gives both). out_dir gets a standard PEFT adapter directory, built
     beside it and renamed into place when complete. on_step gets each step's statistics and a
-    few sampled responses. Returns the statistics of every step.
+    few sampled responses. The run stops early at a step whose KL to the starting model is over
+    kl_budget (0: no budget). Returns the statistics of every step.
     """
     if not prompts:
         raise ModelError("no prompts to run PPO on")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     wrapped = build(model, reward_dir, config, policy_dir)
-    normalization = read_normalization(reward_dir)
-    params = trainable_parameters(wrapped)
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, eps=1e-5)
-    controller = AdaptiveKL(config.kl_coef, config.target_kl, config.kl_horizon)
+    scorer = RewardScorer(tokenizer, read_normalization(reward_dir), trained_max_length(reward_dir))
+    optimizer = optimizer_for(wrapped, config)
+    controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
     order = random.Random(config.seed)
     eos = end_of_turn_ids(model, tokenizer)
     history = []
     for step in range(1, config.steps + 1):
-        batch_prompts = [order.choice(prompts) for _ in range(config.batch_size)]
-        stats, rollout = ppo_step(wrapped, tokenizer, normalization, optimizer, batch_prompts, config, controller, eos, generator)
+        batch_prompts = draw_prompts(prompts, config.batch_size, order)
+        stats, rollout = ppo_step(wrapped, scorer, optimizer, batch_prompts, config, controller, eos, generator, kl_budget)
         stats["step"] = step
         history.append(stats)
         if on_step is not None:
-            samples = [
-                {"prompt": batch_prompts[i][-1]["content"], "response": tokenizer.decode(rollout.response_ids[i], skip_special_tokens=True),
-                 "score": rollout.scores[i].item()}
-                for i in range(min(3, len(batch_prompts)))
-            ]
+            texts = response_texts(tokenizer, rollout.response_ids[:3], rollout.response_mask[:3], rollout.finished[:3])
+            samples = [{"prompt": batch_prompts[i][-1]["content"], "response": text, "score": rollout.scores[i].item()}
+                       for i, text in enumerate(texts)]
             on_step({**stats, "total_steps": config.steps, "samples": samples})
-    save_policy(wrapped, out_dir, config)
+        if "over_budget" in stats:
+            break
+    save_policy(wrapped, out_dir, config, controller.beta)
     return {"steps": history}
 
 
-def save_policy(model: PolicyWithHeads, out_dir: Path, config: PPOConfig) -> None:
-    """The policy adapter alone, as a directory PeftModel.from_pretrained loads."""
+def draw_prompts(prompts: list[Messages], size: int, rng: random.Random) -> list[Messages]:
+    """A batch of distinct prompts when there are enough; otherwise every prompt as evenly as it goes."""
+    if len(prompts) >= size:
+        return rng.sample(prompts, size)
+    batch = prompts * (size // len(prompts)) + rng.sample(prompts, size % len(prompts))
+    rng.shuffle(batch)
+    return batch
+
+
+def save_policy(model: PolicyWithHeads, out_dir: Path, config: PPOConfig, beta: float) -> None:
+    """The policy adapter alone, as a directory PeftModel.from_pretrained loads, with the KL controller's beta."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         model.peft_model.save_pretrained(staging, selected_adapters=["policy"])
         saved = staging / "policy"  # PEFT saves an adapter not named "default" in a folder of its name
         (saved / "ppo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        (saved / KL_STATE_FILE).write_text(json.dumps({"beta": beta}) + "\n")
         if out_dir.exists():
             out_dir.rmdir()
         saved.rename(out_dir)

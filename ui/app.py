@@ -73,7 +73,9 @@ CSS = """
 # The PPO statistics the Loop tab plots per step, with their titles.
 PPO_CURVES = {
     "score": "Reward-model score",
-    "kl": "KL to the reference",
+    "kl": "KL to the starting model (v0)",
+    "kl_to_start": "KL to the version PPO started from",
+    "finished": "Share of responses that ended",
     "entropy": "Entropy",
     "response_length": "Response length (tokens)",
 }
@@ -321,7 +323,8 @@ class Handlers:
         history = round_history(self.server.db)
         table = [list(describe(summary).values()) for summary in reversed(history)]
         scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
-        warnings = "\n".join(round_warnings(self.server.db, history)) or "None."
+        length = self.server.project.config.length_warning()
+        warnings = "\n".join(([length] if length else []) + round_warnings(self.server.db, history)) or "None."
         with_ppo = [summary for summary in history if summary.ppo_job is not None]
         shown = next((s for s in with_ppo if s.round.id == shown_round), with_ppo[-1] if with_ppo else None)
         steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
@@ -338,7 +341,7 @@ class Handlers:
             rows = [{"step": step, **{name: series[name].get(step) for name in PPO_CURVES}} for step in sorted(series["score"])]
         else:
             events = read_events(job_dir(self.server.project, job.id), 0)[0]
-            rows = [{"step": e["step"], **{name: e[name] for name in PPO_CURVES}} for e in events if "step" in e]
+            rows = [{"step": e["step"], **{name: e.get(name) for name in PPO_CURVES}} for e in events if "step" in e]
         return pd.DataFrame(rows, columns=["step", *PPO_CURVES])
 
     def _ppo_samples(self, job_id: int) -> list[list]:
@@ -552,7 +555,8 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
     result = gr.Textbox(label="Result", interactive=False)
     refresh = gr.Button("Refresh")
     history = gr.Dataframe(
-        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL", "win rate [95% CI]",
+        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL to v0", "KL to parent",
+                 "PPO responses ended", "win rate [95% CI]",
                  "length-controlled [95% CI]", "votes", "RM accuracy on new votes"],
         label="Rounds, newest first: the human win rate of each new policy over the one it started from, "
               "also at equal length (a logistic model of the votes with the length difference as a covariate)",
@@ -565,8 +569,10 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
         rollback_version = gr.Number(label="Policy version to roll back to (a copy becomes the newest; nothing is deleted)", precision=0, minimum=0)
         rollback = gr.Button("Roll back")
     shown = gr.Dropdown(label="PPO steps of round", choices=[])
-    with gr.Row():
-        plots = [gr.LinePlot(x="step", y=name, title=title) for name, title in PPO_CURVES.items()]
+    curves, plots = list(PPO_CURVES.items()), []
+    for row in (curves[:3], curves[3:]):
+        with gr.Row():
+            plots += [gr.LinePlot(x="step", y=name, title=title) for name, title in row]
     samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], label="Responses sampled at PPO's latest step", interactive=False, wrap=True)
     outputs = [history, scores, warnings, shown, samples, *plots]
     timer.tick(handlers.loop_status, outputs=[status], api_name="round_status", api_visibility="undocumented", show_progress="hidden")

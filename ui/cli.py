@@ -5,6 +5,7 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ui.auth import MIN_PASSWORD_CHARS, hash_password
 from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
-from ui.rounds import STAGES, advance_round, describe, ratings, roll_back, round_history, round_warnings, start_round
+from ui.rounds import STAGES, advance_round, describe, ratings, roll_back, round_history, round_summary, round_warnings, start_round
 
 
 class TetherGroup(click.Group):
@@ -64,13 +65,17 @@ def cli():
 def init(directory: Path, model: str | None):
     """Create a project in DIRECTORY: tether.toml and the database.
 
+    The settings suit the hardware found: a CPU profile (short answers, small batches), or a GPU
+    profile sized by the GPU's memory. Init says which it chose.
+
     \b
     Example:
         tether init demo
         tether init demo --model ./my-chat-model
     """
     project = init_project(directory, model)
-    click.echo(f"created {project.root} (model {project.config.model.name_or_path}); settings are in tether.toml")
+    click.echo(f"created {project.root} (model {project.config.model.name_or_path}) with the {project.profile}; "
+               f"settings are in tether.toml")
 
 
 @cli.group(cls=TetherGroup)
@@ -171,6 +176,7 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
         tether ppo --project demo
     """
     project = load_project(project_dir)
+    warn_about_length(project)
     job = submit_ppo(project, project.run, reward_version, policy_version)
     job = run_with_progress(project, job, "PPO")
     last = project.run(job_metrics, job.id)
@@ -205,16 +211,26 @@ def round_command(reward_version: int | None, project_dir: Path):
     )
 
 
-def run_round(project: Project, reward_version: int | None) -> Round:
-    """Run a round's jobs here, one after another, each with a progress bar."""
+def run_round(project: Project, reward_version: int | None, seconds: Counter | None = None) -> Round:
+    """Run a round's jobs here, one after another, each with a progress bar; add each stage's wall time to `seconds`."""
+    warn_about_length(project)
     job = start_round(project, project.run, reward_version)
     round_id = job.round
     while job is not None:
-        job = advance_round(project, project.run, run_with_bar(project, job, STAGES[job.kind]))
+        began = time.monotonic()
+        done = run_with_bar(project, job, STAGES[job.kind])
+        if seconds is not None:
+            seconds[STAGES[done.kind]] += time.monotonic() - began
+        job = advance_round(project, project.run, done)
     round_ = project.run(get_round, round_id)
     if round_.status != "done":
         raise click.ClickException(f"round {round_id} {round_.status}: {round_.error}")
     return round_
+
+
+def warn_about_length(project: Project) -> None:
+    if warning := project.config.length_warning():
+        click.echo(f"warning: {warning}", err=True)
 
 
 @cli.command()
@@ -230,10 +246,15 @@ def rounds(project_dir: Path):
         tether rounds --project demo
     """
     project = load_project(project_dir)
-    history = round_history(project.run)
-    if not history:
+    if not round_history(project.run):
         click.echo("no rounds yet: start one with `tether round`")
         return
+    show_rounds(project)
+
+
+def show_rounds(project: Project) -> None:
+    """The round history as a table, the ratings and the warnings."""
+    history = round_history(project.run)
     rows = [describe(s) for s in history]
     widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
     click.echo("  ".join(k.ljust(w) for k, w in widths.items()))
@@ -296,37 +317,73 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
     start = project.run(get_policy, None)
     click.echo(f"sampling {eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
     baseline = _sample_answers(project, start, prompts, eval_samples, seed)
-    click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, baseline, baseline).mean_score:.3f}")
+    click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, "
+               f"{_ended(baseline)} of its answers ended")
+    previous = baseline
     for number in range(1, round_count + 1):
+        seconds: Counter = Counter()
         began = time.monotonic()
-        votes = cast_votes(project.run, project.config.queue, judge, noise, names, labels_per_round, rng)
-        while votes < labels_per_round:  # the queue ran dry: the newest policy answers the prompts again
-            run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
-            if not (more := cast_votes(project.run, project.config.queue, judge, noise, names, labels_per_round - votes, rng)):
-                break
-            votes += more
-        round_ = run_round(project, None)
-        summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
-        kl = [v for _, v in project.run(metric_series, summary.ppo_job, "kl")]
-        result = judge_against(judge, prompts, _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed), baseline)
+        votes = _cast(project, judge, noise, names, labels_per_round, rng, seconds)
+        round_ = run_round(project, None, seconds)
+        evaluated = time.monotonic()
+        answers = _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed)
+        seconds["evaluation"] += time.monotonic() - evaluated
+        summary = round_summary(project.run, round_.id)
+        over_start = judge_against(judge, prompts, _texts(answers), _texts(baseline))
+        over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
+        ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
         click.echo(
             f"round {number}: {votes} votes; reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}; "
-            f"policy v{round_.policy_to}: judge win rate over v{start.version} {result.win_rate:.1%} "
-            f"[{result.low:.1%}, {result.high:.1%}] on {result.pairs} answers, judge mean score {result.mean_score:.3f}; "
-            f"KL {kl[-1]:.3f} at the last PPO step, {sum(kl) / len(kl):.3f} on average (target {project.config.ppo.target_kl}); "
-            f"{time.monotonic() - began:.0f} s"
+            f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
+            f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last; "
+            f"policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
+            f"on {over_start.pairs} answers, over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
+            f"judge mean score {over_start.mean_score:.3f}, {_ended(answers)} of its answers ended"
         )
+        click.echo(f"round {number} took {time.monotonic() - began:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
+        previous = answers
+    # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
+    _cast(project, judge, noise, names, labels_per_round, rng, Counter(), generate_more=False)
+    click.echo("the rounds as people (the simulated annotators) saw them:")
+    show_rounds(project)
 
 
-def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> list[str]:
-    """per_prompt answers to each prompt from a policy version, grouped by prompt; the same seed for every version."""
+def _cast(project: Project, judge, noise: float, names: list[str], labels: int, rng: random.Random, seconds: Counter,
+          generate_more: bool = True) -> int:
+    """Up to `labels` simulated votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
+    began = time.monotonic()
+    votes = cast_votes(project.run, project.config.queue, judge, noise, names, labels, rng)
+    seconds["votes"] += time.monotonic() - began
+    while generate_more and votes < labels:
+        began = time.monotonic()
+        run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
+        seconds["more pairs"] += time.monotonic() - began
+        began = time.monotonic()
+        more = cast_votes(project.run, project.config.queue, judge, noise, names, labels - votes, rng)
+        seconds["votes"] += time.monotonic() - began
+        if not more:
+            break
+        votes += more
+    return votes
+
+
+def _texts(answers: list) -> list[str]:
+    return [a.text for a in answers]
+
+
+def _ended(answers: list) -> str:
+    return f"{sum(a.finished for a in answers) / len(answers):.0%}"
+
+
+def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> list:
+    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt; the same seed for every version."""
     from train.generate import generate  # torch and transformers take seconds to import
     from train.models import load_model
 
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
     adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
     model, tokenizer = load_model(project.config.model, adapter)
-    return [g.text for g in generate(model, tokenizer, prompts, config)]
+    return generate(model, tokenizer, prompts, config)
 
 
 @cli.group(cls=TetherGroup)

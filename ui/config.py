@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from annotate.queue import QueueConfig
-from train.config import GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import GenerationConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.
@@ -44,12 +44,20 @@ class RoundConfig:
         metadata={"help": "The app starts a round by itself once this many comparisons have come in since the last round "
                           "started; 0 turns the scheduler off."},
     )
+    kl_budget: float = field(
+        default=20.0,
+        metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
+                          "KL adds up round after round, since every round is tethered to the starting model. PPO stops "
+                          "at the first step whose responses are further than this, and the round says so. 0: no budget."},
+    )
 
     def __post_init__(self):
         if not 0 < self.held_back_share < 1:
             raise ValueError(f"held_back_share must be between 0 and 1, got {self.held_back_share}")
         if self.per_prompt < 1 or self.every_comparisons < 0:
             raise ValueError("per_prompt must be at least 1 and every_comparisons at least 0")
+        if self.kl_budget < 0:
+            raise ValueError(f"kl_budget must be 0 or more, got {self.kl_budget}")
 
 
 @dataclass
@@ -62,6 +70,42 @@ class TetherConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     round: RoundConfig = field(default_factory=RoundConfig)
 
+    def __post_init__(self):
+        if self.ppo.max_new_tokens is not None and self.ppo.max_new_tokens > self.generation.max_new_tokens:
+            raise ValueError(
+                f"[ppo] max_new_tokens ({self.ppo.max_new_tokens}) is longer than [generation] max_new_tokens "
+                f"({self.generation.max_new_tokens}): PPO would optimise text annotators never see"
+            )
+
+    def ppo_response_tokens(self) -> int:
+        """PPO's length budget: the pairs' unless the operator set a shorter one."""
+        return self.ppo.max_new_tokens or self.generation.max_new_tokens
+
+    def length_warning(self) -> str | None:
+        """Why PPO's responses are shorter than the pairs annotators compare, when they are."""
+        if self.ppo_response_tokens() >= self.generation.max_new_tokens:
+            return None
+        return (f"PPO samples at most {self.ppo_response_tokens()} tokens ([ppo] max_new_tokens) while annotators compare "
+                f"completions of up to {self.generation.max_new_tokens} ([generation] max_new_tokens): PPO optimises "
+                f"text people never see, and the reward model scores prefixes unlike what it was trained on")
+
+
+def settings_for(hardware: Hardware, model: ModelConfig) -> tuple[TetherConfig, str]:
+    """The settings `tether init` writes for this hardware, and which profile they are.
+
+    The defaults are the CPU profile: the README's loop is measured with them, unedited, on a
+    2-core CPU and the default model. A GPU gets the answers a chat model needs and batches that
+    fill it; those were chosen for a 0.5B to 8B model and not measured here.
+    """
+    config = TetherConfig(model=model)
+    if hardware.device != "cuda":
+        return config, f"CPU profile for {hardware}: short answers and small batches, so a round takes minutes"
+    roomy = hardware.memory_gb >= 40
+    config.generation = dataclasses.replace(config.generation, max_new_tokens=256, batch_size=64)
+    config.reward_model = dataclasses.replace(config.reward_model, batch_size=16, max_length=1024, gradient_checkpointing=not roomy)
+    config.ppo = dataclasses.replace(config.ppo, steps=40, batch_size=32 if roomy else 16, minibatch_size=8)
+    return config, f"GPU profile for {hardware}: answers of up to 256 tokens and {'larger' if roomy else 'moderate'} batches"
+
 
 def load_config(path: Path) -> TetherConfig:
     try:
@@ -72,7 +116,10 @@ def load_config(path: Path) -> TetherConfig:
     for name in document:
         if name not in sections:
             raise ConfigError(f"{path}: unknown section [{name}] (known: {', '.join(sections)})")
-    return TetherConfig(**{name: _section(path, name, cls, document.get(name, {})) for name, cls in sections.items()})
+    try:
+        return TetherConfig(**{name: _section(path, name, cls, document.get(name, {})) for name, cls in sections.items()})
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _section(path: Path, name: str, cls: type, values: dict[str, Any]) -> Any:

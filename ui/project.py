@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from store import Connection, open_database
 from store.policies import add_policy
-from train.config import ModelConfig
-from ui.config import TetherConfig, load_config, write_config
+from train.config import Hardware, ModelConfig
+from ui.config import TetherConfig, load_config, settings_for, write_config
 
 CONFIG_FILE = "tether.toml"
 DATABASE_FILE = "tether.duckdb"
@@ -22,6 +22,7 @@ class ProjectError(Exception):
 class Project:
     root: Path
     config: TetherConfig
+    profile: str | None = None  # which settings init chose for the hardware; only on a project just created
 
     @property
     def database_path(self) -> Path:
@@ -36,19 +37,25 @@ class Project:
             return fn(con, *args)
 
 
-def init_project(root: Path, model: str | None = None) -> Project:
-    """Write tether.toml and create the database, with the starting model as policy version 0."""
+def init_project(root: Path, model: str | None = None, hardware: Hardware | None = None) -> Project:
+    """Write tether.toml with settings for the hardware (found when not given) and create the database,
+    with the starting model as policy version 0. The project's `profile` says which settings it chose."""
     for name in (CONFIG_FILE, DATABASE_FILE):
         if (root / name).exists():
             raise ProjectError(f"{root} already holds a Tether project ({name} exists)")
     if model is not None and Path(model).exists():
         model = str(Path(model).resolve())  # so the project works from any directory
-    config = TetherConfig(model=ModelConfig(name_or_path=model) if model else ModelConfig())
+    if hardware is None:
+        from train.models import detect_hardware  # torch takes seconds to import; only init needs it
+
+        hardware = detect_hardware()
+    config, profile = settings_for(hardware, ModelConfig(name_or_path=model) if model else ModelConfig())
     root.mkdir(parents=True, exist_ok=True)
     project = Project(root.resolve(), config)
     with closing(project.connect()) as con:
         add_policy(con, version=0, adapter_path=None)
     write_config(root / CONFIG_FILE, config)  # last: a project exists only once its database does
+    project.profile = profile
     return project
 
 

@@ -93,7 +93,10 @@ class RoundSummary:
     reward_accuracy: float | None  # held-out pairwise accuracy of the round's reward model
     ppo: dict[str, Any]  # the PPO settings it ran with
     ppo_job: int | None
-    kl: float | None  # KL to the reference at PPO's last step
+    kl: float | None  # KL to the starting model (v0) at PPO's last step
+    kl_to_parent: float | None  # KL to the version PPO started from, at its last step
+    ended: float | None  # share of PPO's responses that ended within the length budget, at its last step
+    stopped_early: bool  # PPO stopped at a step over [round] kl_budget
     score_gain: float | None  # reward-model score at PPO's last step minus at its first
     win_rate: WinRate | None  # human votes on v+1 against v
     length_controlled: LengthControlled | None  # the same votes' win rate at equal length
@@ -118,9 +121,11 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
     ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind == "ppo"), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
-    kl = score_gain = None
+    kl = kl_to_parent = ended = score_gain = None
+    stopped_early = False
     if ppo_job is not None and ppo_job.status == "done":
-        kl = run(job_metrics, ppo_job.id).get("kl")
+        last = run(job_metrics, ppo_job.id)
+        kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
         scores = [v for _, v in run(metric_series, ppo_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
     win_rate = controlled = None
@@ -129,7 +134,8 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         controlled = length_controlled(votes, round_.policy_to, round_.policy_from)
     new_votes = _new_votes_metrics(round_.reward_version, reward_models)
     return RoundSummary(
-        round_, accuracy, ppo_job.config["ppo"] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, score_gain,
+        round_, accuracy, ppo_job.config["ppo"] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, kl_to_parent, ended,
+        stopped_early, score_gain,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
     )
 
@@ -178,6 +184,11 @@ def round_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
 
 def _warnings_of(run: Run, summary: RoundSummary, scores: dict[int, float]) -> list[str]:
     warnings = []
+    if summary.stopped_early:
+        warnings.append(
+            f"PPO stopped early: its responses reached a KL of {summary.kl:.1f} to the starting model, over "
+            f"[round] kl_budget; raise the budget or roll back to spend it differently"
+        )
     if below := _rated_below_parent(summary, scores):
         if summary.score_gain is not None and summary.score_gain > 0:
             below += f", although the reward model's score rose by {summary.score_gain:.2f} during PPO: a sign of reward hacking"
@@ -294,7 +305,9 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "reward model": f"v{round_.reward_version}" if round_.reward_version is not None else "",
         "RM accuracy": _percent(summary.reward_accuracy),
         "PPO": ", ".join(f"{k} {summary.ppo[k]}" for k in ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl") if k in summary.ppo),
-        "KL": "" if summary.kl is None else f"{summary.kl:.2f}",
+        "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),
+        "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}",
+        "ended": _percent(summary.ended),
         "win rate": "" if win is None or win.rate is None else f"{win.rate:.0%} [{win.low:.0%}, {win.high:.0%}]",
         "length-controlled": "" if lc is None else f"{lc.rate:.0%} [{lc.low:.0%}, {lc.high:.0%}]",
         "votes": 0 if win is None else win.votes,
