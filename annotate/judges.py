@@ -102,12 +102,9 @@ def load_judge(spec: str) -> Judge:
     return judge
 
 
-def prefers_first(judge: Judge, prompt: str, first: str, second: str, noise: float, rng: random.Random) -> bool:
-    """A noisy annotator's choice: the first with probability sigmoid((judge(first) - judge(second)) / noise).
-
-    noise 0 is a perfect annotator (a tie in score is a coin flip).
-    """
-    margin = judge(prompt, first) - judge(prompt, second)
+def prefers_first(margin: float, noise: float, rng: random.Random) -> bool:
+    """A noisy annotator's choice, given the judge's margin judge(first) - judge(second): the first with
+    probability sigmoid(margin / noise). noise 0 is a perfect annotator (a tie in score is a coin flip)."""
     if noise == 0:
         return margin > 0 or (margin == 0 and rng.random() < 0.5)
     return rng.random() < sigmoid(margin / noise)

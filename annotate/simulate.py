@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from annotate.judges import Judge, prefers_first
+from annotate.judges import Judge, prefers_first, sigmoid
 from annotate.queue import QueueConfig
 from annotate.ratings import wilson_interval
 from store.db import utcnow
@@ -25,14 +25,30 @@ def last_user_message(messages: Messages) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
+@dataclass
+class Votes:
+    """Simulated votes cast, and how much they can teach."""
+
+    cast: int = 0
+    agreement: float = 0.0  # summed over the votes: the chance each had of siding with the noiseless judge
+
+    @property
+    def ceiling(self) -> float | None:
+        """The share of the votes expected to side with the noiseless judge: no reward model fitted to
+        them can agree with them more often, and near 0.5 they carry almost nothing to learn."""
+        return self.agreement / self.cast if self.cast else None
+
+
 def cast_votes(
-    run: Run, queue: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random
-) -> int:
-    """Up to `labels` votes by the simulated annotators in turn; fewer when no one has a pair left. Returns how many."""
-    cast = 0
+    run: Run, queue: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random,
+    votes: Votes | None = None,
+) -> Votes:
+    """Up to `labels` votes by the simulated annotators in turn, fewer when no one has a pair left, added to `votes`."""
+    votes = votes or Votes()
+    goal = votes.cast + labels
     idle = set()  # annotators the queue had nothing for
     turn = 0
-    while cast < labels and len(idle) < len(annotators):
+    while votes.cast < goal and len(idle) < len(annotators):
         annotator = annotators[turn % len(annotators)]
         turn += 1
         if annotator in idle:
@@ -42,10 +58,12 @@ def cast_votes(
             idle.add(annotator)
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
-        left = prefers_first(judge, prompt, assignment.left_text, assignment.right_text, noise, rng)
+        margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
+        left = prefers_first(margin, noise, rng)
         run(record_vote, annotator, assignment.token, "left" if left else "right", None, None, utcnow(), "simulate")
-        cast += 1
-    return cast
+        votes.cast += 1
+        votes.agreement += 0.5 if margin == 0 else 1.0 if noise == 0 else sigmoid(abs(margin) / noise)
+    return votes
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,13 @@ def test_job_inputs_are_frozen_by_their_hashes(tmp_path):
     (tmp_path / "job" / "inputs" / "prompts.parquet").write_bytes(b"changed")
     with pytest.raises(JobDirError, match="changed after the job was written"):
         read_job(tmp_path / "job")
+
+
+def test_a_module_named_like_the_standard_librarys_where_tether_runs_does_not_reach_the_worker(tiny_project, tmp_path):
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    (here / "signal.py").write_text("raise SystemExit('the standard library was shadowed')\n")
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    result = run_tether("generate", "--limit", "1", "--project", str(tiny_project), cwd=here)
+    assert result.returncode == 0, result.stderr
+    assert "stored 2 completions" in result.stdout

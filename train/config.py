@@ -41,7 +41,11 @@ class ModelConfig:
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = field(default=128, metadata={"help": "Longest completion, in tokens."})
+    max_new_tokens: int = field(
+        default=64,
+        metadata={"help": "Longest completion, in tokens: the length budget of the pairs annotators compare, of PPO's "
+                          "responses and of evaluation alike."},
+    )
     temperature: float = field(default=0.8, metadata={"help": "Sampling temperature; 0 means greedy decoding."})
     top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling: keep the smallest token set with this much probability (1 turns it off)."})
     top_k: int = field(default=0, metadata={"help": "Keep only the k likeliest tokens (0 turns it off)."})
@@ -76,9 +80,9 @@ class RewardModelConfig:
         metadata={"help": "Layers that get LoRA: 'all-linear' (every linear layer but the head, whatever the architecture) "
                           "or comma-separated module names such as 'q_proj,v_proj'. The scalar head is always trained in full."},
     )
-    learning_rate: float = field(default=1e-4, metadata={"help": "Peak AdamW learning rate, decayed linearly to 0."})
+    learning_rate: float = field(default=3e-4, metadata={"help": "Peak AdamW learning rate, decayed linearly to 0."})
     epochs: int = field(
-        default=1,
+        default=2,
         metadata={"help": "Passes over the pairs a run fits: every training pair from scratch, the new and replayed "
                           "ones when warm-started."},
     )
@@ -151,11 +155,11 @@ class RewardModelConfig:
 class PPOConfig:
     """PPO on the policy's LoRA adapter, after InstructGPT and "The N implementation details of RLHF with PPO"."""
 
-    steps: int = field(default=20, metadata={"help": "PPO steps: each samples a batch of responses and updates on it."})
-    batch_size: int = field(default=16, metadata={"help": "Prompts sampled per step, one response each."})
+    steps: int = field(default=10, metadata={"help": "PPO steps: each samples a batch of responses and updates on it."})
+    batch_size: int = field(default=8, metadata={"help": "Prompts sampled per step, one response each."})
     minibatch_size: int = field(default=4, metadata={"help": "Responses per gradient step within a batch."})
     epochs: int = field(default=4, metadata={"help": "Passes over each batch (K in the PPO paper)."})
-    learning_rate: float = field(default=3e-5, metadata={"help": "AdamW learning rate of the policy and value adapters."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the policy and value adapters."})
     max_new_tokens: int | None = field(
         default=None,
         metadata={"help": "Longest response sampled during PPO, in tokens. Unset, it is [generation] max_new_tokens, "

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
-from annotate.simulate import Messages, cast_votes, judge_against
+from annotate.simulate import Messages, Votes, cast_votes, judge_against
 from store import StoreError
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file
@@ -333,7 +333,8 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
         over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
         ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
         click.echo(
-            f"round {number}: {votes} votes; reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}; "
+            f"round {number}: {votes.cast} votes, {votes.ceiling:.1%} of them expected to side with the noiseless judge; "
+            f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
             f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
             f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last; "
             f"policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
@@ -349,22 +350,30 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
 
 
 def _cast(project: Project, judge, noise: float, names: list[str], labels: int, rng: random.Random, seconds: Counter,
-          generate_more: bool = True) -> int:
+          generate_more: bool = True) -> Votes:
     """Up to `labels` simulated votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
     began = time.monotonic()
     votes = cast_votes(project.run, project.config.queue, judge, noise, names, labels, rng)
     seconds["votes"] += time.monotonic() - began
-    while generate_more and votes < labels:
+    while generate_more and votes.cast < labels:
         began = time.monotonic()
         run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
         seconds["more pairs"] += time.monotonic() - began
         began = time.monotonic()
-        more = cast_votes(project.run, project.config.queue, judge, noise, names, labels - votes, rng)
+        before = votes.cast
+        cast_votes(project.run, project.config.queue, judge, noise, names, labels - votes.cast, rng, votes)
         seconds["votes"] += time.monotonic() - began
-        if not more:
+        if votes.cast == before:
             break
-        votes += more
     return votes
+
+
+def _on_new_votes(project: Project, round_: Round) -> str:
+    """How the reward model the round's one started from scored the votes it had not seen, when it was warm-started."""
+    metrics = project.run(get_reward_model, round_.reward_version).metrics
+    if metrics.get("new_votes_accuracy") is None:
+        return ""
+    return f", v{metrics['warm_start_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
 
 
 def _texts(answers: list) -> list[str]:

@@ -278,9 +278,11 @@ def run_job(
     directory = job_dir(project, job.id)
     run(start_job, job.id)
     with (directory / LOG_FILE).open("w") as log:
-        # Its own session, so cancelling can kill the worker and anything it started.
+        # Its own session, so cancelling can kill the worker and anything it started. -P keeps the
+        # working directory off sys.path: a signal.py or json.py where tether was run would
+        # otherwise shadow the standard library in the worker.
         worker = subprocess.Popen(
-            [sys.executable, "-m", "train.worker", str(directory)],
+            [sys.executable, "-P", "-m", "train.worker", str(directory)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
         )
     offset = 0
