@@ -303,7 +303,10 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
 
     The simulated annotators take pairs from the same queue, and vote through the same path, as
     people in the app; when the queue runs dry the newest policy answers more prompts. After
-    each round the judge compares the new policy with the starting one on the evaluation prompts.
+    each round the judge compares the new policy with the starting one and with its parent on
+    the evaluation prompts, and the round's line says how much its votes could teach, the KL,
+    the share of answers that ended, and where its time went. At the end the last round's pairs
+    get votes too, and the round table of `tether rounds` follows.
 
     \b
     Example:
