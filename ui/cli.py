@@ -336,7 +336,7 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
         over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
         ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
         click.echo(
-            f"round {number}: {votes.cast} votes, {votes.ceiling:.1%} of them expected to side with the noiseless judge; "
+            f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
             f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
             f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
             f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last; "
