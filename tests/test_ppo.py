@@ -172,7 +172,8 @@ def test_gae_with_lambda_1_is_the_return_minus_the_value():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    rollout = Rollout(None, None, None, response_mask=mask, logprobs=None, ref_logprobs=None, values=values * mask, scores=None, finished=None)
+    rollout = Rollout(None, None, None, response_mask=mask, logprobs=None, ref_logprobs=None, values=values * mask, scores=None,
+                      finished=None, texts=[])
     rollout.rewards = rewards
     add_advantages(rollout, gamma=1.0, lam=1.0)
     expected = torch.tensor([[0.5, 0.8, 0.9], [1.7, 1.6, 0.0]])  # reward-to-go minus V

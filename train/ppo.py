@@ -64,6 +64,7 @@ class Rollout:
     values: torch.Tensor  # (B, R) V(state before each token)
     scores: torch.Tensor  # (B,) normalised reward-model score, penalties applied
     finished: torch.Tensor  # (B,) bool: ended with EOS
+    texts: list[str]  # each response decoded as annotators see it, as the reward model scored it
     rewards: torch.Tensor | None = None  # (B, R) per-token reward, filled by add_rewards
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
@@ -308,7 +309,7 @@ def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Message
     scores = scores - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
     mask = response_mask.float()
     rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
-                      logprobs * mask, ref_logprobs * mask, values * mask, scores, finished)
+                      logprobs * mask, ref_logprobs * mask, values * mask, scores, finished, texts)
     return rollout, {"entropy": entropy, "kl_to_start": (logprobs - start_logprobs) * mask}
 
 
@@ -531,9 +532,8 @@ def train_ppo(
         stats["step"] = step
         history.append(stats)
         if on_step is not None:
-            texts = response_texts(tokenizer, rollout.response_ids[:3], rollout.response_mask[:3], rollout.finished[:3])
             samples = [{"prompt": batch_prompts[i][-1]["content"], "response": text, "score": rollout.scores[i].item()}
-                       for i, text in enumerate(texts)]
+                       for i, text in enumerate(rollout.texts[:3])]
             on_step({**stats, "total_steps": config.steps, "samples": samples})
         if "over_budget" in stats:
             break
