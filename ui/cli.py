@@ -1,6 +1,7 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
 import dataclasses
+import math
 import random
 import re
 import sys
@@ -17,7 +18,7 @@ from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.simulate import Messages, Votes, cast_votes, judge_against
 from store import StoreError
 from store.preferences import import_preference_file
-from store.prompts import import_prompt_file
+from store.prompts import import_prompt_file, prompts_to_generate
 from store.jobs import Job, job_metrics, metric_series
 from store.prompt_files import read_prompt_file
 from store.rounds import Round, get_round
@@ -360,7 +361,8 @@ def _cast(project: Project, judge, noise: float, names: list[str], labels: int, 
     seconds["votes"] += time.monotonic() - began
     while generate_more and votes.cast < labels:
         began = time.monotonic()
-        run_with_progress(project, submit_generation(project, project.run, None, None), "more pairs")
+        per_prompt = _completions_per_prompt(project, labels - votes.cast)
+        run_with_progress(project, submit_generation(project, project.run, None, per_prompt), "more pairs")
         seconds["more pairs"] += time.monotonic() - began
         began = time.monotonic()
         before = votes.cast
@@ -369,6 +371,15 @@ def _cast(project: Project, judge, noise: float, names: list[str], labels: int, 
         if votes.cast == before:
             break
     return votes
+
+
+def _completions_per_prompt(project: Project, votes: int) -> int:
+    """Completions of each active prompt that make pairs enough for `votes` more votes, in one generation job:
+    each job loads the model again, and a pair per prompt at a time took several."""
+    queue = project.config.queue
+    votes_per_pair = 1 + queue.overlap_share * (queue.overlap_votes - 1)
+    prompts = len(project.run(prompts_to_generate, project.run(get_policy, None).version, None))
+    return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
 
 
 def _on_new_votes(project: Project, round_: Round) -> str:
