@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -208,3 +209,12 @@ def worker_pids(project: Path, job_id: int) -> list[int]:
     pattern = f"train.worker {re.escape(str(project / 'jobs' / str(job_id)))}$"
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
+
+
+def shipping_sampling_defaults(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a model directory whose generation_config.json ships a repetition penalty, as Qwen2.5-Instruct's does."""
+    copy = tmp_path / "ships-defaults"
+    shutil.copytree(model_dir, copy)
+    generation = json.loads((copy / "generation_config.json").read_text()) if (copy / "generation_config.json").exists() else {}
+    (copy / "generation_config.json").write_text(json.dumps(generation | {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}))
+    return copy

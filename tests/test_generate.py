@@ -13,7 +13,7 @@ from train.config import GenerationConfig, ModelConfig
 from train.errors import ModelError
 from train.generate import generate
 from train.models import load_model
-from tests.conftest import DEMO_PROMPTS, run_tether
+from tests.conftest import DEMO_PROMPTS, run_tether, shipping_sampling_defaults
 
 PROMPTS = [
     [{"role": "user", "content": "Hi"}],
@@ -49,6 +49,19 @@ def test_batched_generation_matches_one_at_a_time_with_counts_and_eos(tiny_model
     assert [g.prompt_index for g in results] == [0, 1, 2]
     assert results[0].finished and results[0].token_count <= 5
     assert any(not g.finished and g.token_count == 10 for g in results)
+
+
+def test_pairs_are_sampled_with_tethers_settings_only_not_the_models_own(tiny_model_dir, tmp_path):
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    ids = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    greedy = dict(do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id)
+    penalised = model.generate(**ids, **greedy, repetition_penalty=1.3, no_repeat_ngram_size=2)
+    assert not torch.equal(penalised, model.generate(**ids, **greedy))  # the defaults below would change these samples
+
+    config = GenerationConfig(temperature=0, max_new_tokens=12, batch_size=3, per_prompt=1)
+    plain = generate(model, tokenizer, PROMPTS, config, progress=False)
+    shipped = load_model(ModelConfig(name_or_path=str(shipping_sampling_defaults(tiny_model_dir, tmp_path))))
+    assert generate(*shipped, PROMPTS, config, progress=False) == plain  # what [generation] says, and nothing the model ships
 
 
 def test_sampling_returns_per_prompt_completions_grouped_by_prompt(tiny_model_dir):

@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import DEMO_PROMPTS, set_settings
-from train.config import PPOConfig, RewardModelConfig
+from tests.conftest import DEMO_PROMPTS, set_settings, shipping_sampling_defaults
+from train.config import ModelConfig, PPOConfig, RewardModelConfig
 from train.generate import end_of_turn_ids
+from train.models import load_model
 from train.ppo import (
     AdaptiveKL,
     RewardScorer,
@@ -22,6 +23,7 @@ from train.ppo import (
     position_ids,
     ppo_step,
     response_logprobs,
+    response_values,
     reward_scores,
     sample,
     sampling_settings,
@@ -287,28 +289,21 @@ def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
     return copy
 
 
-def test_at_step_0_the_value_at_the_last_token_is_the_normalised_score(peaked_model_dir, favoured, tmp_path):
-    reward_dir = reward_copy(favoured[1], tmp_path)
+def test_at_step_0_the_value_is_a_constant_baseline_on_the_reward_models_features(peaked_model_dir, favoured):
     model, tokenizer = load(peaked_model_dir)
-    wrapped = build(model, reward_dir, PPOConfig())
-    scorer = RewardScorer(tokenizer, read_normalization(reward_dir), 512)
-    texts = ["A fruit.", "Light and music", ""]
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
-    scores = reward_scores(wrapped, scorer, prompts, texts)
-    values = []
-    for prompt, text in zip(prompts, texts):
-        ids = torch.tensor([encode(tokenizer, prompt, text, 512).input_ids])
-        wrapped.peft_model.set_adapter("value")
-        with torch.no_grad():
-            values.append(wrapped.value_head(wrapped.hidden(ids, torch.ones_like(ids))[0, -1]).item())
-    assert scores.abs().max() > 0.5  # normalised with mean 0.7 and std 2.5, far from the raw scores
-    assert torch.allclose(torch.tensor(values), scores, atol=1e-4)
+    wrapped = build(model, favoured[1], PPOConfig(max_new_tokens=8))
+    eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
+    query_ids, query_mask, response_ids, response_mask, _ = sample(wrapped, tokenizer, PROMPTS * 2, PPOConfig(max_new_tokens=8), eos)
+    values = response_values(wrapped, query_ids, query_mask, response_ids, response_mask)
+    assert values.shape == response_ids.shape and torch.equal(values, torch.zeros_like(values))
+    # The value adapter is the reward model's, so the head learns on features that already track the reward.
+    reward_lora = {k.replace(".reward.", "."): v for k, v in wrapped.peft_model.state_dict().items() if ".reward." in k}
+    value_lora = {k.replace(".value.", "."): v for k, v in wrapped.peft_model.state_dict().items() if ".value." in k}
+    assert value_lora.keys() == reward_lora.keys() and all(torch.equal(value_lora[k], reward_lora[k]) for k in reward_lora)
 
 
-def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is_1(peaked_model_dir, favoured):
-    model, tokenizer = load(peaked_model_dir)
-    model.generation_config.repetition_penalty = 1.3  # as a model may ship it
-    model.generation_config.no_repeat_ngram_size = 2
+def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is_1(peaked_model_dir, favoured, tmp_path):
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(shipping_sampling_defaults(peaked_model_dir, tmp_path))))
     config = PPOConfig(max_new_tokens=8, temperature=0.9)
     wrapped = build(model, favoured[1], config)
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from train.config import DEFAULT_MODEL, Hardware, ModelConfig
 from train.errors import ModelError
@@ -92,6 +92,14 @@ def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[Pr
     if not tokenizer.chat_template:
         raise ModelError(f"model {config.name_or_path!r} has no chat template: Tether needs a chat (instruct) model")
     set_pad_token(model, tokenizer)
+    # Tether's settings alone decide how it samples: [generation] for pairs and evaluation, PPO's
+    # own for its rollouts. A model that ships sampling defaults (Qwen2.5-Instruct ships a
+    # repetition penalty) would otherwise give pairs unlike the settings stored with them, and PPO
+    # samples from another distribution than the one its loss scores. Only the token ids are kept.
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.generation_config.bos_token_id, eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=model.generation_config.pad_token_id,
+    )
     tokenizer.padding_side = "left"
     if adapter_path is not None:
         from peft import PeftModel

@@ -3,15 +3,15 @@
 After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF with PPO"
 (Huang et al. 2024). One base model holds three LoRA adapters (PEFT named adapters):
 - `policy`, the adapter PPO trains, with the base's own language-model head;
-- `value`, an adapter plus a scalar head, both started from the reward model (the head rescaled to
-  the normalised score the returns are made of) and trained too;
+- `value`, an adapter started from the reward model's and a scalar head started at zero, both
+  trained: the value starts as a constant baseline and learns the returns;
 - `reward`, the reward model's adapter and head, frozen;
 - `start`, when PPO continues a policy version: that version, frozen, to measure the KL to it.
 The reference policy is the base with the adapters disabled, so the tether costs no extra weights.
 
 Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
-   distribution the loss scores (none of the model's own sampling defaults apply);
+   distribution the loss scores (train.models.load_model drops the model's own sampling defaults);
 2. evaluate: the policy's and the reference's log-probs, the values, and the reward model's
    normalised score of each response's text, scored as `tether rm score` scores it, minus the
    missing-EOS and length penalties;
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train.config import PPOConfig
 from train.errors import ModelError
@@ -107,9 +107,13 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     """Put the adapters and two heads on `model`, a causal LM.
 
     The policy starts from policy_dir when given (PPO continues a policy version), else fresh
-    (its LoRA B is zero, so it starts equal to the reference). The value adapter and head start
-    as copies of the reward model's, as in InstructGPT, the head rescaled so that it starts out
-    predicting the normalised score that the returns are made of.
+    (its LoRA B is zero, so it starts equal to the reference). The value adapter starts as a copy
+    of the reward model's, as in InstructGPT, so the value head learns on the reward model's
+    features; the head starts at zero. A copy of the reward model's head would read partial
+    responses, which that head never saw in training: on the default model its values were off
+    by about 2.8 normalised units (RMS) in the first step's update and 1.7 in the tenth's, so they added
+    more noise to the advantages than they took out. V = 0, the mean of the normalised score,
+    is the constant baseline it learns from.
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -117,13 +121,6 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
         # On a CPU, SDPA's attention backward costs about five times its forward; at PPO's
         # lengths (a prompt and a short response) eager attention is the faster of the two.
         model.set_attn_implementation("eager")
-    # generate() fills whatever PPO leaves unset from the model's own generation config, and a
-    # model that ships a repetition penalty (Qwen2.5-Instruct does) would then sample from another
-    # distribution than the one the loss scores. Only the token ids are kept.
-    model.generation_config = GenerationConfig(
-        bos_token_id=model.generation_config.bos_token_id, eos_token_id=model.generation_config.eos_token_id,
-        pad_token_id=model.generation_config.pad_token_id,
-    )
     reward_config = LoraConfig.from_pretrained(str(reward_dir))
     reward_config.task_type, reward_config.modules_to_save, reward_config.lora_dropout = "CAUSAL_LM", None, 0.0
     reward_config.inference_mode = False
@@ -143,15 +140,13 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     for name in ("value", "reward"):
         peft_model.add_adapter(name, reward_config)
         load_adapter_weights(peft_model, lora_weights, name, reward_dir)
-    normalization = read_normalization(reward_dir)
     raw_head = weights[head_key]  # (1, H)
     reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=raw_head.dtype)
     reward_head.weight.data.copy_(raw_head)
     reward_head.requires_grad_(False)
-    # value = (raw - mean) / std at the start: the returns are normalised scores, not raw ones.
     value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=raw_head.dtype)
-    value_head.weight.data.copy_(raw_head / normalization.std)
-    value_head.bias.data.fill_(-normalization.mean / normalization.std)
+    nn.init.zeros_(value_head.weight)
+    nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
     return PolicyWithHeads(peft_model, value_head, reward_head).to(next(model.parameters()).device).eval()
 

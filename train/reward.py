@@ -10,8 +10,8 @@ The algorithm, in the order `train_reward_model` runs it:
    adapter and head fit every training pair. Warm-started, the previous version's adapter and
    head first score the pairs it has not seen (its accuracy on the new votes), then fit those
    of them on the training side plus a random replay sample of the old training pairs;
-4. normalise: the mean and std of the raw rewards on the pairs this run fitted (all the training
-   pairs from scratch; new and replayed ones warm-started, a sample of them), saved beside the
+4. normalise: the mean and std of the raw rewards on up to 64 of the pairs this run fitted (of all
+   the training pairs from scratch; of the new and replayed ones warm-started), saved beside the
    adapter, so that (raw - mean) / std is comparable across reward-model versions;
 5. evaluate pairwise accuracy on the held-out prompts;
 6. save a plain PEFT adapter directory (adapter, head, tokenizer, normalisation, metrics).
@@ -49,6 +49,7 @@ PreferenceRow = dict[str, Any]  # prompt: Messages; chosen, rejected: [{"role": 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 NORMALIZATION_FILE = "reward_normalization.json"
+NORMALIZATION_PAIRS = 64
 METRICS_FILE = "metrics.json"
 
 
@@ -496,10 +497,12 @@ def train_reward_model(
     losses = _fit(model, tokenizer, fitted, config, on_progress)
     train_seconds = time.perf_counter() - fit_started
 
-    # Over the pairs this run fitted, new and replayed: a sample of the training pairs whose cost
-    # stays that of a round, where scoring every pair so far would grow with all the votes.
-    raw = _raw_scores(model, tokenizer.pad_token_id, fitted.chosen_ids + fitted.rejected_ids, config.batch_size * 2)
-    normalization = normalization_of(raw)
+    # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where
+    # scoring every pair so far would grow with all the votes; at most NORMALIZATION_PAIRS of them,
+    # drawn at random, which puts the std within about 6%.
+    sample = random.Random(config.seed).sample(range(len(fit_rows)), min(len(fit_rows), NORMALIZATION_PAIRS))
+    sequences = [fitted.chosen_ids[i] for i in sample] + [fitted.rejected_ids[i] for i in sample]
+    normalization = normalization_of(_raw_scores(model, tokenizer.pad_token_id, sequences, config.batch_size * 2))
     held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(eval_rows, config.batch_size * 2)
 
     tail = max(1, len(losses) // 10)  # the first and last tenth of the steps show whether the loss moved
