@@ -193,9 +193,8 @@ class PPOConfig:
     lam: float = field(
         default=1.0,
         metadata={"help": "Lambda of GAE: bias against variance of the advantages. At 1 an advantage is the response's "
-                          "return minus the value, whatever the value function says mid-response; below 1 the advantages "
-                          "lean on the values of partial responses, which the value head, started from a reward model "
-                          "trained on whole responses only, gets wrong for the first rounds (verl and OpenRLHF default to 1)."},
+                          "return minus the value; below 1 it leans on the value function's estimates at partial "
+                          "responses, which the few PPO steps of a round do not train well (verl and OpenRLHF default to 1)."},
     )
     clip_range: float = field(default=0.2, metadata={"help": "PPO's clip on the probability ratio."})
     clip_range_value: float = field(default=0.2, metadata={"help": "Clip on how far a value moves from its rollout value."})
