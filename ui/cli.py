@@ -361,8 +361,9 @@ def _cast(project: Project, judge, noise: float, names: list[str], labels: int, 
     seconds["votes"] += time.monotonic() - began
     while generate_more and votes.cast < labels:
         began = time.monotonic()
-        per_prompt = _completions_per_prompt(project, labels - votes.cast)
-        run_with_progress(project, submit_generation(project, project.run, None, per_prompt), "more pairs")
+        prompts = project.run(prompts_to_generate, project.run(get_policy, None).version, None)
+        per_prompt = _completions_per_prompt(project, labels - votes.cast, len(prompts))
+        run_with_progress(project, submit_generation(project, project.run, None, per_prompt, prompts=prompts), "more pairs")
         seconds["more pairs"] += time.monotonic() - began
         began = time.monotonic()
         before = votes.cast
@@ -373,12 +374,11 @@ def _cast(project: Project, judge, noise: float, names: list[str], labels: int, 
     return votes
 
 
-def _completions_per_prompt(project: Project, votes: int) -> int:
-    """Completions of each active prompt that make pairs enough for `votes` more votes, in one generation job:
-    each job loads the model again, and a pair per prompt at a time took several."""
+def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
+    """Completions of each of `prompts` prompts that make pairs enough for `votes` more votes, in one generation
+    job: each job loads the model again, and a pair per prompt at a time took several."""
     queue = project.config.queue
     votes_per_pair = 1 + queue.overlap_share * (queue.overlap_votes - 1)
-    prompts = len(project.run(prompts_to_generate, project.run(get_policy, None).version, None))
     return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
 
 
