@@ -2,7 +2,9 @@
 
 A simulated annotator prefers A over B with probability sigmoid((judge(A) - judge(B)) / T),
 so a judge's scale matters only against the noise T. The built-in ones are simple on purpose:
-they give the loop a target whose progress is easy to see and to check.
+they give the loop a target whose progress is easy to see and to check. Their units are set so
+that T = 1 is a noisy annotator, not a coin: ten words for `concise`, and one percentage point of
+the answer's words for the two that measure a density.
 """
 
 import importlib
@@ -33,11 +35,9 @@ def concise(prompt: str, completion: str) -> float:
 
 
 def positive(prompt: str, completion: str) -> float:
-    """Sentiment: positive words minus negative ones, per ten words of the answer."""
+    """Sentiment: positive words minus negative ones, in percent of the answer's words (at least 20)."""
     words = WORD.findall(completion.lower())
-    if not words:
-        return 0.0
-    return 10 * (sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)) / max(len(words), 10)
+    return 100 * (sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)) / max(len(words), 20)
 
 
 TOKEN = re.compile(r"\d+(?:[.,:]\d+)*%?|[A-Za-z][A-Za-z'-]*")
@@ -49,7 +49,8 @@ VAGUE = frozenset(
 
 
 def specific(prompt: str, completion: str) -> float:
-    """Concrete content: numbers, names mid-sentence and worked examples, minus vague filler, per ten words.
+    """Concrete content: numbers, names mid-sentence and worked examples, minus vague filler, in percent of
+    the answer's words.
 
     The density is taken over at least 20 words, so neither padding nor a bare "7." wins: it
     rewards what an answer says, not how long it is.
@@ -64,7 +65,7 @@ def specific(prompt: str, completion: str) -> float:
             concrete += 1
         elif token.lower() in VAGUE:
             vague += 1
-    return 10 * (concrete - vague) / max(words, 20)
+    return 100 * (concrete - vague) / max(words, 20)
 
 
 BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive, "specific": specific}

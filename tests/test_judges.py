@@ -14,6 +14,15 @@ def test_the_built_in_judges_rank_as_named():
     assert positive("q", "") == 0.0
 
 
+def test_a_density_judge_counts_one_percent_of_the_words_as_one_unit_of_noise():
+    # Against T = 1, a unit must be a difference annotators notice in the default model's ~100-word
+    # answers: one sentiment word, or one number, more than the other answer.
+    filler = " ".join(["word"] * 99)
+    assert positive("q", "good " + filler) - positive("q", filler) == pytest.approx(1.0)
+    assert specific("q", filler + " 42") - specific("q", filler + " word") == pytest.approx(1.0)
+    assert positive("q", "good") == pytest.approx(5.0)  # over at least 20 words: one word alone is not 100%
+
+
 def test_judges_load_by_name_module_or_file(tmp_path):
     assert load_judge("concise") is concise
     assert load_judge("annotate.judges:positive") is positive
