@@ -38,9 +38,8 @@ def readings(model, tokenizer, prompt, texts: list[str], max_length: int) -> lis
     out = []
     for text in texts:
         encoded = encode(tokenizer, prompt, text, max_length)
-        response_tokens = min(len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1, len(encoded.input_ids))
         hidden = model(torch.tensor([encoded.input_ids]), output_hidden_states=True).hidden_states[-1][0]  # (T, H)
-        out.append(torch.cat([hidden[-1], hidden[-response_tokens:].mean(dim=0)]))
+        out.append(torch.cat([hidden[-1], hidden[-encoded.response_tokens :].mean(dim=0)]))
     return out
 
 

@@ -69,6 +69,7 @@ class Encoded:
     input_ids: list[int]
     prompt_cut: bool  # the prompt lost tokens from its start (or all of them) to fit max_length
     response_cut: bool  # the response alone was over max_length and lost its end
+    response_tokens: int  # the response's tokens (its EOS included) at the end of input_ids
 
 
 @dataclass(frozen=True)
@@ -204,10 +205,10 @@ def _response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int
 
 def _fit_length(prompt_ids: list[int], response_ids: list[int], max_length: int) -> Encoded:
     if len(response_ids) > max_length:
-        return Encoded(response_ids[:max_length], prompt_cut=bool(prompt_ids), response_cut=True)
+        return Encoded(response_ids[:max_length], prompt_cut=bool(prompt_ids), response_cut=True, response_tokens=max_length)
     room = max_length - len(response_ids)  # tokens left for the prompt
     kept = prompt_ids[len(prompt_ids) - room :] if len(prompt_ids) > room else prompt_ids
-    return Encoded(kept + response_ids, prompt_cut=len(kept) < len(prompt_ids), response_cut=False)
+    return Encoded(kept + response_ids, prompt_cut=len(kept) < len(prompt_ids), response_cut=False, response_tokens=len(response_ids))
 
 
 def _messages(prompt: Messages | str) -> Messages:
