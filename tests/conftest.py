@@ -182,11 +182,9 @@ scores = []
 with torch.no_grad():
     for prompt, response in cases:
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        ids = (list(ids) + response_ids)[-max_length:]  # a long prompt loses its start, as in training
-        classifier = model.get_base_model()
-        hidden = classifier.model(input_ids=torch.tensor([ids])).last_hidden_state
-        raw = classifier.score(hidden)[0, -len(response_ids):, 0].mean().item()  # the head's mean over the response
+        ids = list(ids) + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = ids[-max_length:]  # a long prompt loses its start, as in training
+        raw = model(input_ids=torch.tensor([ids])).logits.item()
         scores.append({"raw": raw, "normalised": (raw - norm["mean"]) / norm["std"]})
 assert not any(name == "tether" or name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
 print(json.dumps(scores))

@@ -70,8 +70,8 @@ def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
 
 def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0):
     """A reward model that favours one token as a one-token response: no LoRA change, and a head
-    along the difference between the mean hidden state over it and its closing EOS (where the score
-    is read) and the mean of the other candidates'. The prompts' own last states are projected out,
+    along the difference between the hidden state it leaves at the closing EOS (where the score is
+    read) and the mean of the other candidates'. The prompts' own last states are projected out,
     so the value PPO starts from reads 0 before the response, as a fresh critic would."""
     model, tokenizer = build_model(str(model_dir), RewardModelConfig())
     direction, prompt_states = 0, []
@@ -80,8 +80,7 @@ def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_d
         ids = torch.tensor([[*prompt, t, tokenizer.eos_token_id] for t in candidates.tolist()])
         with torch.no_grad():
             hidden = model.get_base_model().model(input_ids=ids).last_hidden_state  # (N, T, H)
-        response = hidden[:, -2:].mean(dim=1)  # (N, H) over the token and its EOS
-        direction = direction + response[candidates == token_id][0] - response[candidates != token_id].mean(0)
+        direction = direction + hidden[candidates == token_id][0, -1] - hidden[candidates != token_id, -1].mean(0)
         prompt_states.append(hidden[0, len(prompt) - 1])
     basis, _ = torch.linalg.qr(torch.stack(prompt_states, dim=1))  # (H, prompts)
     direction = direction - basis @ (basis.T @ direction)

@@ -89,26 +89,26 @@ def test_long_prompts_lose_their_start_and_no_pair_is_dropped(tiny_model_dir):
     ]
     max_length = 40
     encoded = encode_pairs(tokenizer, rows, max_length)
-    assert len(encoded.chosen) == len(encoded.rejected) == 3
+    assert len(encoded.chosen_ids) == len(encoded.rejected_ids) == 3
     assert (encoded.truncated, encoded.responses_cut) == (2, 1)
 
     prompt_ids = tokenizer.apply_chat_template(long_prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     response_ids = tokenizer("stone cloud", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert len(prompt_ids) + len(response_ids) > max_length
-    chosen = encoded.chosen[1].input_ids
-    assert len(chosen) == max_length and encoded.chosen[1].response_tokens == len(response_ids)
+    chosen = encoded.chosen_ids[1]
+    assert len(chosen) == max_length
     assert chosen == (prompt_ids + response_ids)[-max_length:]  # the prompt is cut from the left, the response whole
     assert chosen[-1] == tokenizer.eos_token_id
 
     short = encode(tokenizer, rows[0]["prompt"], "apple", max_length)
-    assert not short.prompt_cut and encoded.chosen[0] == short
+    assert not short.prompt_cut and encoded.chosen_ids[0] == short.input_ids
     too_long = encode(tokenizer, long_prompt, " ".join(WORDS * 8), max_length)
-    assert too_long.response_cut and too_long == encoded.rejected[2] and too_long.response_tokens == max_length
+    assert too_long.response_cut and too_long.input_ids == encoded.rejected_ids[2]
     long_response = tokenizer(" ".join(WORDS * 8), add_special_tokens=False)["input_ids"]
     assert too_long.input_ids == long_response[:max_length]  # a response alone over max_length keeps its start
 
 
-def test_the_score_is_the_heads_mean_over_the_response_and_its_closing_eos(tiny_model_dir):
+def test_the_score_is_read_at_the_last_non_pad_token(tiny_model_dir):
     model, tokenizer = build_model(str(tiny_model_dir), RewardModelConfig())
     model.eval()
     prompts = ["Hi?", [{"role": "user", "content": "Name a colour."}], "Why?"]
@@ -116,21 +116,31 @@ def test_the_score_is_the_heads_mean_over_the_response_and_its_closing_eos(tiny_
     batched = RewardModel(model, tokenizer, Normalization(0.0, 1.0), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
 
     classifier = model.get_base_model()
+    pad = tokenizer.pad_token_id
     with torch.no_grad():
         for prompt, response, got in zip(prompts, responses, batched):
-            ids = encode(tokenizer, prompt, response, 512).input_ids
-            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            assert ids[-len(response_ids) :] == response_ids
-            hidden = classifier.model(input_ids=torch.tensor([ids])).last_hidden_state  # (1, T, C)
-            per_token = classifier.score(hidden)[0, :, 0]  # (T,)
-            manual = per_token[-len(response_ids) :].mean().item()  # the response's tokens, none of the prompt's
+            ids = torch.tensor([encode(tokenizer, prompt, response, 512).input_ids])  # (1, T)
+            hidden = classifier.model(input_ids=ids).last_hidden_state  # (1, T, C)
+            manual = classifier.score(hidden[:, -1]).item()  # the head on the last token, the closing EOS
             assert got == pytest.approx(manual, abs=1e-5)
-            assert got != pytest.approx(per_token[-1].item(), abs=1e-3)  # not the last token alone
-            assert got != pytest.approx(per_token.mean().item(), abs=1e-3)  # nor the prompt with it
 
-    # Padding, and a longer neighbour in the batch, change nothing.
-    alone = [RewardModel(model, tokenizer, Normalization(0.0, 1.0), 512).raw_scores([p], [r])[0] for p, r in zip(prompts, responses)]
-    assert batched == pytest.approx(alone, abs=1e-5)
+            padded = torch.cat([ids, torch.full((1, 5), pad)], dim=1)  # (1, T + 5)
+            mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=torch.long)], dim=1)
+            assert model(input_ids=padded, attention_mask=mask).logits.item() == pytest.approx(manual, abs=1e-5)
+            # Right padding leaves the real tokens where they are, so even without a mask nothing changes.
+            assert model(input_ids=padded).logits.item() == pytest.approx(manual, abs=1e-5)
+            # Left padding needs the mask: unmasked, the pads in front are attended to.
+            left = torch.cat([torch.full((1, 5), pad), ids], dim=1)
+            assert model(input_ids=left).logits.item() != pytest.approx(manual, abs=1e-5)
+
+        # Why the pad token must differ from EOS: with pad == EOS the closing EOS counts as padding
+        # and the score is read one token early.
+        ids = encode(tokenizer, prompts[0], responses[0], 512).input_ids
+        classifier.config.pad_token_id = tokenizer.eos_token_id
+        early = model(input_ids=torch.tensor([ids])).logits.item()
+        assert early == pytest.approx(model(input_ids=torch.tensor([ids[:-1]])).logits.item(), abs=1e-6)
+        assert early != pytest.approx(batched[0], abs=1e-5)
+        classifier.config.pad_token_id = pad
 
 
 TRAIN_CONFIG = RewardModelConfig(learning_rate=1e-3, epochs=4, batch_size=8, lora_dropout=0.0, max_length=64, seed=3)

@@ -45,7 +45,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.reward import Normalization, encode, pad_right, read_normalization, response_mean, trained_max_length, uses_bf16
+from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length, uses_bf16
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -268,16 +268,16 @@ def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Me
     The text is encoded again through the chat template and closed by EOS, as in reward-model
     training, and a sequence over the reward model's max_length loses the start of its prompt.
     """
-    encoded = [encode(scorer.tokenizer, p, t, scorer.max_length) for p, t in zip(prompts, texts)]
+    sequences = [encode(scorer.tokenizer, p, t, scorer.max_length).input_ids for p, t in zip(prompts, texts)]
+    input_ids, attention_mask = pad_right(sequences, scorer.tokenizer.pad_token_id)  # (B, T) each
     device = next(model.parameters()).device
-    tensors = pad_right([e.input_ids for e in encoded], [e.response_tokens for e in encoded], scorer.tokenizer.pad_token_id)
-    input_ids, attention_mask, response_mask = (t.to(device) for t in tensors)  # (B, T) each
     model.peft_model.set_adapter("reward")
     try:
-        hidden = model.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = model.backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
     finally:
         model.peft_model.set_adapter("policy")
-    raw = response_mean(model.reward_head(hidden).squeeze(-1).float(), response_mask)
+    last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
+    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)]).squeeze(-1).float()
     return (raw - scorer.normalization.mean) / scorer.normalization.std
 
 

@@ -5,8 +5,8 @@ The algorithm, in the order `train_reward_model` runs it:
    side is fixed by its hash, so it is the same in every version;
 2. encode each response with its prompt through the chat template, the response as the assistant
    turn closed by EOS; a sequence over max_length loses the start of its prompt, never a pair;
-3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being the mean of
-   the head's output over the response's tokens (its closing EOS included). From scratch, a fresh
+3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being the head's
+   output at the last non-pad token (the EOS that closes the response). From scratch, a fresh
    adapter and head fit every training pair. Warm-started, the previous version's adapter and
    head first score the pairs it has not seen (its accuracy on the new votes), then fit those
    of them on the training side plus a random replay sample of the old training pairs;
@@ -21,7 +21,6 @@ So it gets pairs already tokenised and truncated here: it skips its own tokenisa
 filter then has nothing left to drop, and `_fit` checks that it dropped nothing.
 """
 
-import functools
 import hashlib
 import json
 import math
@@ -41,7 +40,6 @@ from transformers import (
     PreTrainedTokenizerBase,
     TrainerCallback,
 )
-from transformers.modeling_outputs import SequenceClassifierOutput
 
 from train.config import RewardModelConfig
 from train.errors import ModelError
@@ -76,8 +74,8 @@ class Encoded:
 
 @dataclass(frozen=True)
 class EncodedPairs:
-    chosen: list[Encoded]
-    rejected: list[Encoded]
+    chosen_ids: list[list[int]]
+    rejected_ids: list[list[int]]
     truncated: int  # pairs with at least one sequence cut, prompt or response
     responses_cut: int  # of those, pairs where a response alone was over max_length
 
@@ -175,7 +173,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, response:
     """Prompt through the chat template with the assistant header, then the response and EOS.
 
     This is the template's rendering of the conversation up to and including the assistant turn's
-    end-of-turn token; the score is read over the response and that token. Over max_length, the prompt is cut from
+    end-of-turn token, which is where the score is read. Over max_length, the prompt is cut from
     the left so that the response survives whole; a response that alone is longer loses its end.
     """
     return _fit_length(_prompt_ids(tokenizer, prompt), _response_ids(tokenizer, response), max_length)
@@ -183,17 +181,17 @@ def encode(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, response:
 
 def encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[PreferenceRow], max_length: int) -> EncodedPairs:
     """Every row's chosen and rejected sequence, in row order: none is dropped, the cut ones are counted."""
-    chosen_all, rejected_all = [], []
+    chosen_ids, rejected_ids = [], []
     truncated = responses_cut = 0
     for row in rows:
         prompt_ids = _prompt_ids(tokenizer, row["prompt"])  # once for both sides
         chosen = _fit_length(prompt_ids, _response_ids(tokenizer, _reply(row["chosen"])), max_length)
         rejected = _fit_length(prompt_ids, _response_ids(tokenizer, _reply(row["rejected"])), max_length)
-        chosen_all.append(chosen)
-        rejected_all.append(rejected)
+        chosen_ids.append(chosen.input_ids)
+        rejected_ids.append(rejected.input_ids)
         truncated += any(e.prompt_cut or e.response_cut for e in (chosen, rejected))
         responses_cut += chosen.response_cut or rejected.response_cut
-    return EncodedPairs(chosen_all, rejected_all, truncated, responses_cut)
+    return EncodedPairs(chosen_ids, rejected_ids, truncated, responses_cut)
 
 
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str) -> list[int]:
@@ -267,7 +265,7 @@ def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     if not tokenizer.chat_template:
         raise ModelError(f"model {str(path)!r} has no chat template: Tether needs a chat (instruct) model")
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-        # The policy's pad rule, so that both read the same token ids.
+        # A pad equal to EOS would make the score skip the EOS that ends each response.
         raise ModelError(f"model {str(path)!r} has no pad token distinct from EOS (train.models.set_pad_token gives one)")
     # Right padding: the real tokens keep positions 0..n-1, as they have unpadded.
     tokenizer.padding_side = "right"
@@ -283,33 +281,9 @@ def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase) -> Pre
             model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
-    model.config.pad_token_id = tokenizer.pad_token_id  # what TRL pads with
-    model.__class__ = _response_mean_class(type(model))
+    # The classifier reads its score at the last token that is not config.pad_token_id.
+    model.config.pad_token_id = tokenizer.pad_token_id
     return model
-
-
-class ResponseMeanScore:
-    """Mixed into a transformers sequence classifier: the score is the mean of the head's output over
-    the response's tokens (response_mask), not its output at the last token.
-
-    The last token is the end-of-turn token, which every response ends with. Of what came before it,
-    a small model's last hidden state keeps little: a linear Bradley-Terry reward on the frozen
-    default model, from 1,536 noisy votes, agreed with the judge on held-out prompts 54% (concise),
-    49% (positive) and 51% (specific) of the time read there, and 65%, 70% and 61% read as the mean
-    over the response (scripts/probe_reward_readings.py).
-    """
-
-    def forward(self, input_ids, attention_mask, response_mask, labels=None, return_dict=None, **kwargs):
-        hidden = getattr(self, self.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-        per_token = self.score(hidden).squeeze(-1).float()  # (B, T)
-        return SequenceClassifierOutput(logits=response_mean(per_token, response_mask).unsqueeze(-1))
-
-
-@functools.cache
-def _response_mean_class(classifier_class: type) -> type:
-    """classifier_class (e.g. LlamaForSequenceClassification) with ResponseMeanScore's forward: its
-    weights, loading and saving stay the classifier's, so the adapter is a plain PEFT one."""
-    return type(f"ResponseMean{classifier_class.__name__}", (ResponseMeanScore, classifier_class), {})
 
 
 class _ProgressCallback(TrainerCallback):
@@ -340,11 +314,9 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
     from trl import RewardConfig, RewardTrainer
 
     dataset = Dataset.from_dict({
-        "chosen_ids": [e.input_ids for e in encoded.chosen],
-        "rejected_ids": [e.input_ids for e in encoded.rejected],
-        "chosen_response_tokens": [e.response_tokens for e in encoded.chosen],
-        "rejected_response_tokens": [e.response_tokens for e in encoded.rejected],
-        "length": [max(len(c.input_ids), len(r.input_ids)) for c, r in zip(encoded.chosen, encoded.rejected)],
+        "chosen_ids": encoded.chosen_ids,
+        "rejected_ids": encoded.rejected_ids,
+        "length": [max(len(c), len(r)) for c, r in zip(encoded.chosen_ids, encoded.rejected_ids)],
     })
     progress = _ProgressCallback(on_progress)
     with tempfile.TemporaryDirectory(prefix="tether-rm-") as scratch:  # the Trainer wants an output_dir; nothing is kept
@@ -359,7 +331,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
             seed=config.seed,
             # Batches of pairs of like length (shuffled in groups of 50 batches) spend less on padding.
             train_sampling_strategy="group_by_length",
-            remove_unused_columns=False,  # keeps "length" for the sampler and the response lengths for the collator
+            remove_unused_columns=False,  # keeps "length" for the sampler; the collator ignores it
             logging_steps=1,
             save_strategy="no",
             eval_strategy="no",
@@ -370,10 +342,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
             bf16=uses_bf16(config.precision),
             use_cpu=not torch.cuda.is_available(),
         )
-        trainer = RewardTrainer(
-            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress],
-            data_collator=functools.partial(_collate_pairs, pad_token_id=tokenizer.pad_token_id),
-        )
+        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
         trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
@@ -399,20 +368,20 @@ def uses_bf16(precision: str) -> bool:
 
 @torch.inference_mode()
 def _raw_scores(
-    model, pad_token_id: int, encoded: list[Encoded], batch_size: int, on_scored: Callable[[int], None] | None = None
+    model, pad_token_id: int, sequences: list[list[int]], batch_size: int, on_scored: Callable[[int], None] | None = None
 ) -> list[float]:
-    """The head's mean over each sequence's response, in sequence order.
+    """The head's output at each sequence's last token, in sequence order.
 
-    Batches hold sequences of like length (longest first) to spend little on padding.
+    Batches hold sequences of like length (longest first) to spend little on padding; they are
+    right-padded, and the classifier reads the last token that is not the pad token.
     """
     device = next(model.parameters()).device
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
-    scores = [0.0] * len(encoded)
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+    scores = [0.0] * len(sequences)
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
-        tensors = pad_right([encoded[i].input_ids for i in batch], [encoded[i].response_tokens for i in batch], pad_token_id)
-        input_ids, attention_mask, response_mask = (t.to(device) for t in tensors)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask).logits  # (B, 1)
+        input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
         for i, value in zip(batch, logits[:, 0].float().tolist()):
             scores[i] = value
         if on_scored is not None:
@@ -420,34 +389,14 @@ def _raw_scores(
     return scores
 
 
-def pad_right(sequences: list[list[int]], response_tokens: list[int], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids, attention_mask and response_mask (B, T), right-padded; each sequence ends with its response_tokens."""
+def pad_right(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in sequences)
     input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # (B, T)
     attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, T)
-    response_mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, T)
-    for row, (sequence, response) in enumerate(zip(sequences, response_tokens)):
+    for row, sequence in enumerate(sequences):
         input_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
         attention_mask[row, : len(sequence)] = 1
-        response_mask[row, len(sequence) - response : len(sequence)] = 1
-    return input_ids, attention_mask, response_mask
-
-
-def response_mean(per_token: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) the mean of per_token (B, T) over each row's response tokens."""
-    mask = response_mask.to(per_token.dtype)
-    return (per_token * mask).sum(dim=-1) / mask.sum(dim=-1)
-
-
-def _collate_pairs(examples: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """TRL's preference batch, every chosen sequence then every rejected one, plus each one's response_mask."""
-    sides = ("chosen", "rejected")
-    input_ids, attention_mask, response_mask = pad_right(
-        [e[f"{side}_ids"] for side in sides for e in examples],
-        [e[f"{side}_response_tokens"] for side in sides for e in examples],
-        pad_token_id,
-    )
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
+    return input_ids, attention_mask
 
 
 def normalization_of(raw: list[float]) -> Normalization:
@@ -472,8 +421,8 @@ class RewardModel:
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         if not prompts:
             return []
-        encoded = [encode(self.tokenizer, p, r, self.max_length) for p, r in zip(prompts, responses)]
-        return _raw_scores(self.model, self.tokenizer.pad_token_id, encoded, batch_size)
+        sequences = [encode(self.tokenizer, p, r, self.max_length).input_ids for p, r in zip(prompts, responses)]
+        return _raw_scores(self.model, self.tokenizer.pad_token_id, sequences, batch_size)
 
     def score(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[float]:
         """Normalised scores, (raw - mean) / std: comparable across reward-model versions."""
@@ -489,7 +438,8 @@ class RewardModel:
         if not rows:
             return PairwiseResult(accuracy=None, mean_margin=None, pairs=0, truncated=0)
         encoded = encode_pairs(self.tokenizer, rows, self.max_length)
-        raw = _raw_scores(self.model, self.tokenizer.pad_token_id, encoded.chosen + encoded.rejected, batch_size, on_scored)
+        sequences = encoded.chosen_ids + encoded.rejected_ids
+        raw = _raw_scores(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored)
         chosen, rejected = raw[: len(rows)], raw[len(rows) :]
         margins = [(c - r) / self.normalization.std for c, r in zip(chosen, rejected)]
         return PairwiseResult(
@@ -552,7 +502,7 @@ def train_reward_model(
     # scoring every pair so far would grow with all the votes; at most NORMALIZATION_PAIRS of them,
     # drawn at random, which puts the std within about 6%.
     sample = random.Random(config.seed).sample(range(len(fit_rows)), min(len(fit_rows), NORMALIZATION_PAIRS))
-    sequences = [fitted.chosen[i] for i in sample] + [fitted.rejected[i] for i in sample]
+    sequences = [fitted.chosen_ids[i] for i in sample] + [fitted.rejected_ids[i] for i in sample]
     normalization = normalization_of(_raw_scores(model, tokenizer.pad_token_id, sequences, config.batch_size * 2))
     held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(eval_rows, config.batch_size * 2)
 
