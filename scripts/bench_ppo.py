@@ -25,7 +25,7 @@ What differs, by design of each trainer:
 - TRL decays the learning rate linearly and never clips gradients; Tether keeps it constant and
   clips at max_grad_norm. AdamW's epsilon is 1e-8 in TRL, 1e-5 in Tether;
 - prompts: TRL shuffles the file and takes batches without replacement; Tether draws each batch
-  with replacement, so the prompts, and so the response lengths, differ between arms;
+  of distinct prompts afresh, so the prompts, and so the response lengths, differ between arms;
 - precision: Tether scores and updates in bfloat16 autocast on a CPU with AMX or AVX512-BF16
   (its precision "auto"). TRL's bf16 is left at its default, on, but PPOTrainer builds its own
   Accelerator without mixed precision, so it computes in float32 whatever the flag says. Its
