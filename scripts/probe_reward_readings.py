@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--l2", type=float, default=0.03, help="L2 penalty on the reward's weights.")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    vote_counts = [int(n) for n in args.votes.split(",")]
 
     torch.manual_seed(args.seed)
     config, _ = settings_for(Hardware("cpu", "probe", 0), ModelConfig())
@@ -91,14 +92,14 @@ def main() -> None:
     held_out, training = order[: args.held_out_prompts], order[args.held_out_prompts :]
     test_pairs = [(i, a, b) for i in held_out for a in range(args.answers_per_prompt) for b in range(a + 1, args.answers_per_prompt)]
     print(f"{len(answers)} answers to {len(prompts)} prompts; {len(training)} prompts train, {len(held_out)} test; noise {args.noise}")
-    print("| judge | reading | " + " | ".join(f"{n} votes" for n in args.votes.split(",")) + " |")
-    print("|---|---|" + "---|" * len(args.votes.split(",")))
+    print("| judge | reading | " + " | ".join(f"{n} votes" for n in vote_counts) + " |")
+    print("|---|---|" + "---|" * len(vote_counts))
     for name in args.judges.split(","):
         judge = BUILT_IN[name]
         scores = {(i, j): judge("", text) for i, texts in per_prompt.items() for j, text in enumerate(texts)}
         ordered = [(i, a, b) for i, a, b in test_pairs if scores[i, a] != scores[i, b]]
         agreement = {"end-of-turn token": [], "mean over the response": []}
-        for votes in map(int, args.votes.split(",")):
+        for votes in vote_counts:
             shares = {reading: 0.0 for reading in agreement}
             for draw in range(args.draws):
                 rng = random.Random(f"{args.seed}-{name}-{votes}-{draw}")
