@@ -140,11 +140,14 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     for name in ("value", "reward"):
         peft_model.add_adapter(name, reward_config)
         load_adapter_weights(peft_model, lora_weights, name, reward_dir)
+    # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
+    # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
+    # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
     raw_head = weights[head_key]  # (1, H)
-    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=raw_head.dtype)
+    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=torch.float32)
     reward_head.weight.data.copy_(raw_head)
     reward_head.requires_grad_(False)
-    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=raw_head.dtype)
+    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=torch.float32)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
@@ -247,7 +250,7 @@ def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids,
     try:
         hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
         width = response_ids.shape[1]
-        return model.value_head(hidden[:, -width - 1 : -1]).squeeze(-1).float()
+        return model.value_head(hidden[:, -width - 1 : -1].float()).squeeze(-1).float()
     finally:
         model.peft_model.set_adapter("policy")
 
@@ -277,7 +280,7 @@ def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Me
     finally:
         model.peft_model.set_adapter("policy")
     last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
-    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)]).squeeze(-1).float()
+    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float()).squeeze(-1)
     return (raw - scorer.normalization.mean) / scorer.normalization.std
 
 
