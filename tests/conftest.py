@@ -31,27 +31,19 @@ CHATML = (
 )
 
 
-def _train_tokenizer() -> PreTrainedTokenizerFast:
+def train_tokenizer(special_tokens: list[str], eos_token: str, pad_token: str | None, chat_template: str) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer trained on the demo prompts, with these special tokens."""
     corpus = [json.dumps(json.loads(line)) for line in DEMO_PROMPTS.read_text().splitlines()]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, pad_token=pad_token, chat_template=chat_template)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A 2-layer Llama with random weights, saved like any Hugging Face model directory."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = _train_tokenizer()
+def save_tiny_llama(path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    """A 2-layer Llama with random weights for this tokenizer, saved like any Hugging Face model directory."""
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -60,6 +52,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with a ChatML tokenizer whose pad, <|endoftext|>, differs from its EOS, <|im_end|>."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], eos_token="<|im_end|>",
+                                pad_token="<|endoftext|>", chat_template=CHATML)
+    save_tiny_llama(path, tokenizer)
     return path
 
 

@@ -3,12 +3,14 @@
 import math
 import re
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
+from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, set_settings, train_tokenizer
 from tests.test_reward_jobs import toy_preferences
+from ui.project import init_project
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -31,3 +33,38 @@ def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, 
         rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE reward IS NOT NULL").fetchall()]
     assert len(rewards) >= 2 and all(math.isfinite(r) for r in rewards)
     assert (tiny_project / "policies" / "v1" / "adapter_config.json").exists()
+
+
+LLAMA3_TEMPLATE = (
+    "{{ '<|begin_of_text|>' }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+    "+ message['content'] + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def no_pad_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama whose tokenizer is Llama-3 style: EOS is <|eot_id|>, and it has no pad token."""
+    path = tmp_path_factory.mktemp("tiny-llama3")
+    tokenizer = train_tokenizer(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+                                eos_token="<|eot_id|>", pad_token=None, chat_template=LLAMA3_TEMPLATE)
+    assert tokenizer.pad_token is None
+    save_tiny_llama(path, tokenizer)
+    return path
+
+
+def test_a_model_without_a_pad_token_trains_a_reward_model_runs_ppo_and_generates(no_pad_model_dir, tmp_path):
+    root = tmp_path / "project"
+    init_project(root, str(no_pad_model_dir))
+    set_settings(root, "generation", max_new_tokens=12)
+    set_settings(root, "ppo", steps=2, batch_size=4)
+    project = ("--project", str(root))
+    run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), *project, check=True)
+    for command in ("rm", "train", "--include-imported"), ("ppo",), ("generate", "--limit", "2"):
+        done = run_tether(*command, *project)
+        assert done.returncode == 0, (command, done.stderr)
+    assert "from policy v1" in done.stdout
+    with closing(open_database(root / "tether.duckdb")) as con:
+        texts = [t for (t,) in con.execute("SELECT text FROM completions WHERE policy_version = 1").fetchall()]
+    assert len(texts) == 4 and not any("<|" in t for t in texts)  # special tokens, the added pad too, are not text

@@ -65,20 +65,29 @@ def convert_default_model(target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Give the tokenizer a pad token distinct from EOS.
+def give_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Give the tokenizer a pad token distinct from EOS: its <|endoftext|> when it has one, else a new <|pad|>.
 
     With pad == EOS, masking out padding also masks the real EOS, so a policy never learns
-    to stop and a reward model never sees where a response ends.
+    to stop and a reward model never sees where a response ends. Llama-3 and Mistral-style
+    tokenizers have no pad at all. Every path loads its tokenizer through this one rule, so a
+    base model gets the same pad, and the same vocabulary, in generation, reward models and PPO.
     """
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         if _PAD_TOKEN in tokenizer.get_vocab() and _PAD_TOKEN != tokenizer.eos_token:
             tokenizer.pad_token = _PAD_TOKEN
         else:
             tokenizer.add_special_tokens({"pad_token": "<|pad|>"})
-            model.resize_token_embeddings(len(tokenizer))
+
+
+def set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """give_pad_token, then fit the model to it: an embedding row for an added pad, and the pad id in its configs."""
+    give_pad_token(tokenizer)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:  # a sequence classifier has none
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
 def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -43,6 +43,7 @@ from transformers import (
 
 from train.config import RewardModelConfig
 from train.errors import ModelError
+from train.models import give_pad_token, set_pad_token
 
 Messages = list[dict[str, str]]
 PreferenceRow = dict[str, Any]  # prompt: Messages; chosen, rejected: [{"role": "assistant", "content": text}]
@@ -264,9 +265,7 @@ def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         raise ModelError(f"cannot load the tokenizer of {str(path)!r}: {' '.join(str(e).split())}") from None
     if not tokenizer.chat_template:
         raise ModelError(f"model {str(path)!r} has no chat template: Tether needs a chat (instruct) model")
-    if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-        # A pad equal to EOS would make the score skip the EOS that ends each response.
-        raise ModelError(f"model {str(path)!r} has no pad token distinct from EOS (train.models.set_pad_token gives one)")
+    give_pad_token(tokenizer)  # a pad equal to EOS would make the score skip the EOS that ends each response
     # Right padding: the real tokens keep positions 0..n-1, as they have unpadded.
     tokenizer.padding_side = "right"
     return tokenizer
@@ -281,8 +280,7 @@ def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase) -> Pre
             model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
-    # The classifier reads its score at the last token that is not config.pad_token_id.
-    model.config.pad_token_id = tokenizer.pad_token_id
+    set_pad_token(model, tokenizer)  # the classifier reads its score at the last token that is not config.pad_token_id
     return model
 
 
