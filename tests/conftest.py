@@ -173,9 +173,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-base, adapter, cases = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
+base, adapter, dtype, cases = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.stdin.read())
 tokenizer = AutoTokenizer.from_pretrained(adapter)
-model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=getattr(torch, dtype))
 model = PeftModel.from_pretrained(model, adapter).eval()
 norm = json.load(open(f"{adapter}/reward_normalization.json"))
 max_length = json.load(open(f"{adapter}/metrics.json"))["config"]["max_length"]
@@ -185,20 +185,22 @@ with torch.no_grad():
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         ids = list(ids) + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         ids = ids[-max_length:]  # a long prompt loses its start, as in training
-        raw = model(input_ids=torch.tensor([ids])).logits.item()
+        raw = model(input_ids=torch.tensor([ids])).logits.float().item()
         scores.append({"raw": raw, "normalised": (raw - norm["mean"]) / norm["std"]})
 assert not any(name == "tether" or name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
 print(json.dumps(scores))
 """
 
 
-def score_with_plain_peft(base: Path, adapter: Path, cases: list[tuple[list[dict], str]], tmp_path: Path) -> list[dict[str, float]]:
+def score_with_plain_peft(
+    base: Path, adapter: Path, cases: list[tuple[list[dict], str]], tmp_path: Path, dtype: str = "float32"
+) -> list[dict[str, float]]:
     """Reward-model scores of (prompt messages, response) cases, from a fresh Python process that
-    imports only torch, transformers and peft: what a user without Tether would run."""
+    imports only torch, transformers and peft: what a user without Tether would run, the base in `dtype`."""
     script = tmp_path / "plain_peft_scorer.py"
     script.write_text(PLAIN_PEFT_SCORER)
     result = subprocess.run(
-        [sys.executable, str(script), str(base), str(adapter)],
+        [sys.executable, str(script), str(base), str(adapter), dtype],
         input=json.dumps(cases), capture_output=True, text=True, cwd=tmp_path, check=False,
     )
     assert result.returncode == 0, result.stderr

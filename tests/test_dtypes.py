@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, set_settings, train_tokenizer
+from train.reward import load_reward_model
+from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, train_tokenizer
 from tests.test_reward_jobs import toy_preferences
 from ui.project import init_project
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, tmp_path, dtype):
+def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, tiny_model_dir, tmp_path, dtype):
     set_settings(tiny_project, "model", dtype=dtype)
     set_settings(tiny_project, "ppo", steps=2, batch_size=4)
     project = ("--project", str(tiny_project))
@@ -33,6 +34,14 @@ def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, 
         rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE reward IS NOT NULL").fetchall()]
     assert len(rewards) >= 2 and all(math.isfinite(r) for r in rewards)
     assert (tiny_project / "policies" / "v1" / "adapter_config.json").exists()
+
+    # The reward model, trained on the base in this dtype, scores as transformers + peft alone score it in the same dtype.
+    cases = [([{"role": "user", "content": f"Question {i}: what do you like?"}], answer) for i in (1, 2) for answer in ("No.", "I like cats. Thank you!")]
+    plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path, dtype)
+    ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v1", dtype=dtype).score(*zip(*cases))
+    # Tether's head reads float32 states where plain peft's runs in the base's dtype: bf16's 8-bit mantissa
+    # rounds each score by about 0.4%, and the normalised scores here are within 1.5 of 0.
+    assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=0.02)
 
 
 LLAMA3_TEMPLATE = (

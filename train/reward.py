@@ -43,7 +43,7 @@ from transformers import (
 
 from train.config import RewardModelConfig
 from train.errors import ModelError
-from train.models import give_pad_token, set_pad_token
+from train.models import DTYPES, give_pad_token, set_pad_token
 
 Messages = list[dict[str, str]]
 PreferenceRow = dict[str, Any]  # prompt: Messages; chosen, rejected: [{"role": "assistant", "content": text}]
@@ -224,8 +224,8 @@ def _reply(value: Messages | str) -> str:
 # 3. Model and fit
 
 
-def build_model(model_path: str, config: RewardModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The base model as a sequence classifier with one output, wrapped in a fresh LoRA adapter.
+def build_model(model_path: str, config: RewardModelConfig, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The base model, its weights in `dtype`, as a sequence classifier with one output, wrapped in a fresh LoRA adapter.
 
     The head (`score`) is new and trained in full (modules_to_save), so it is saved with the
     adapter. Its random initialisation follows config.seed.
@@ -234,7 +234,7 @@ def build_model(model_path: str, config: RewardModelConfig) -> tuple[PreTrainedM
 
     tokenizer = _load_tokenizer(model_path)
     torch.manual_seed(config.seed)
-    base = _load_classifier(model_path, tokenizer)
+    base = _load_classifier(model_path, tokenizer, dtype)
     lora = LoraConfig(
         task_type=TaskType.SEQ_CLS,
         r=config.lora_r,
@@ -246,13 +246,15 @@ def build_model(model_path: str, config: RewardModelConfig) -> tuple[PreTrainedM
     return get_peft_model(base, lora), tokenizer
 
 
-def load_adapter(model_path: str, adapter_dir: Path, trainable: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A saved reward model's adapter and head on the base model; trainable to continue fitting them."""
+def load_adapter(
+    model_path: str, adapter_dir: Path, trainable: bool = False, dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved reward model's adapter and head on the base model in `dtype`; trainable to continue fitting them."""
     from peft import PeftModel
 
     tokenizer = _load_tokenizer(adapter_dir)
     try:
-        model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer), adapter_dir, is_trainable=trainable)
+        model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer, dtype), adapter_dir, is_trainable=trainable)
     except (OSError, ValueError, RuntimeError) as e:  # e.g. an adapter made for another base model
         raise ModelError(f"cannot load the reward model in {adapter_dir} on {model_path!r}: {' '.join(str(e).split())}") from None
     return model, tokenizer
@@ -271,15 +273,18 @@ def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, dtype: str) -> PreTrainedModel:
     # TRL's helper quietens the expected "score.weight newly initialised, lm_head.weight unused".
     from trl.trainer.reward_trainer import suppress_seqcls_warning
 
     try:
         with suppress_seqcls_warning():
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=DTYPES[dtype])
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
+    # The scalar head stays float32 on a bf16 or fp16 base, as PEFT keeps output layers for k-bit
+    # training, so that its small updates are not rounded away; it reads a float32 copy of the states.
+    model.score.float().register_forward_pre_hook(lambda head, args: (args[0].to(head.weight.dtype),))
     set_pad_token(model, tokenizer)  # the classifier reads its score at the last token that is not config.pad_token_id
     return model
 
@@ -459,8 +464,9 @@ def train_reward_model(
     out_dir: Path,
     on_progress: ProgressFn | None = None,
     warm_start: WarmStart | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Fit a reward model, evaluate it on eval_rows, and save it to out_dir; its metrics.
+    """Fit a reward model on the base's weights in `dtype`, evaluate it on eval_rows, and save it to out_dir; its metrics.
 
     From scratch it fits every train row; given warm_start, it continues from that reward model
     on warm_start's new and replayed rows. Either way the normalisation is taken over the rows it
@@ -480,10 +486,10 @@ def train_reward_model(
     started = time.perf_counter()
     new_votes = None
     if warm_start is None:
-        model, tokenizer = build_model(model_path, config)
+        model, tokenizer = build_model(model_path, config, dtype)
         fit_rows = train_rows
     else:
-        model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True)
+        model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True, dtype=dtype)
         # The previous version as it was saved: did it agree with the people who voted since?
         adapter_dir = warm_start.adapter_dir
         previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
@@ -557,7 +563,7 @@ def trained_max_length(adapter_dir: Path) -> int:
     return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]["max_length"]
 
 
-def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu") -> RewardModel:
-    """A saved reward model, in eval mode, on the base model at model_path."""
-    model, tokenizer = load_adapter(model_path, Path(adapter_dir))
+def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu", dtype: str = "float32") -> RewardModel:
+    """A saved reward model, in eval mode, on the base model at model_path with its weights in `dtype`."""
+    model, tokenizer = load_adapter(model_path, Path(adapter_dir), dtype=dtype)
     return RewardModel(model.to(device).eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
