@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,13 @@ def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
     assert status.returncode == 0, status.stderr
     assert "policies      v0" in status.stdout
     assert "model         HuggingFaceTB/SmolLM2-135M-Instruct" in status.stdout
+    import torch
+    from train.models import uses_bf16
+
+    if not torch.cuda.is_available():
+        assert f"device        cpu: CPU with {os.cpu_count()} cores" in status.stdout
+    autocast = "on" if uses_bf16("auto") else "off"  # what this machine's CPU or GPU offers
+    assert f"precision     float32 weights; bf16 autocast {autocast} in reward-model training, {autocast} in PPO" in status.stdout
 
 
 def test_init_refuses_an_existing_project_and_local_models_are_made_absolute(tmp_path, tiny_model_dir, monkeypatch):

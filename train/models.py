@@ -126,6 +126,27 @@ def detect_hardware() -> Hardware:
     return Hardware("cpu", f"CPU with {os.cpu_count()} cores", memory)
 
 
+def uses_bf16(precision: str) -> bool:
+    """Whether a precision setting (auto, bf16 or fp32) means bfloat16 autocast on this machine."""
+    if precision != "auto":
+        return precision == "bf16"
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    # Without these instructions bf16 is emulated on a CPU, and slower than fp32.
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def describe_device(config: ModelConfig) -> str:
+    """Where the project's model jobs run, as `tether status` says it: a GPU with its name and free memory, or the CPU."""
+    target = device(config)
+    if target.type != "cuda":
+        return f"cpu: {detect_hardware()}"
+    if not torch.cuda.is_available():
+        return f"{target}, which this machine does not have"
+    free, total = torch.cuda.mem_get_info(target)
+    return f"{target}: {torch.cuda.get_device_name(target)}, {free / 2**30:.1f} of {total / 2**30:.1f} GB free"
+
+
 def device(config: ModelConfig) -> torch.device:
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

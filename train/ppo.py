@@ -45,7 +45,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length, uses_bf16
+from train.models import uses_bf16
+from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]

@@ -43,7 +43,7 @@ from transformers import (
 
 from train.config import RewardModelConfig
 from train.errors import ModelError
-from train.models import DTYPES, give_pad_token, set_pad_token
+from train.models import DTYPES, give_pad_token, set_pad_token, uses_bf16
 
 Messages = list[dict[str, str]]
 PreferenceRow = dict[str, Any]  # prompt: Messages; chosen, rejected: [{"role": "assistant", "content": text}]
@@ -354,16 +354,6 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
         trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     model.eval()
     return progress.losses
-
-
-def uses_bf16(precision: str) -> bool:
-    """Whether a precision setting (auto, bf16 or fp32) means bfloat16 autocast on this machine."""
-    if precision != "auto":
-        return precision == "bf16"
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    # Without these instructions bf16 is emulated on a CPU, and slower than fp32.
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 # 4. Scores, normalisation and evaluation

@@ -571,18 +571,27 @@ def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None,
 @cli.command()
 @project_option
 def status(project_dir: Path):
-    """Count the project's prompts, completions, pairs and votes, and list model versions.
+    """Say where and in what precision model jobs run, count the project's prompts, completions, pairs and
+    votes, and list model versions.
 
     \b
     Example:
         tether status --project demo
     """
+    from train.models import describe_device, uses_bf16
+
     project = load_project(project_dir)
     with closing(project.connect()) as con:
         counts = project_counts(con)
+    config = project.config
+    autocast = {name: "on" if uses_bf16(precision) else "off"
+                for name, precision in (("reward model", config.reward_model.precision), ("PPO", config.ppo.precision))}
     rows = [
         ("project", str(project.root)),
-        ("model", project.config.model.name_or_path),
+        ("model", config.model.name_or_path),
+        ("device", describe_device(config.model)),
+        ("precision", f"{config.model.dtype} weights; bf16 autocast {autocast['reward model']} in reward-model training, "
+                      f"{autocast['PPO']} in PPO"),
         ("schema", f"version {counts.schema_version}"),
         ("prompts", f"{counts.prompts} ({counts.active_prompts} active)"),
         ("completions", str(counts.completions)),
