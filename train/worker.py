@@ -78,20 +78,20 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
 
     base = ModelConfig(**config["model"])
     metrics = train_reward_model(
-        resolve_model_path(base.name_or_path), train_rows, eval_rows, reward, job_dir / "reward_model", progress, warm_start, base.dtype
+        resolve_model_path(base.name_or_path), train_rows, eval_rows, reward, job_dir / "reward_model", progress, warm_start, base
     )
     return {"adapter": "reward_model", "metrics": metrics}
 
 
 def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Score the frozen completions with a reward model; write scores.parquet (normalised rewards)."""
-    from train.models import device, resolve_model_path
+    from train.models import resolve_model_path
     from train.reward import load_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = pq.read_table(input_path(job_dir, "completions")).to_pylist()
     base = ModelConfig(**config["model"])
-    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["adapter_path"]), device(base), base.dtype)
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["adapter_path"]), base)
     events.emit("started", total=len(rows))
     rewards = []
     step = reward.batch_size * 8  # report progress every few batches

@@ -450,7 +450,7 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
     Example:
         tether rm eval --data held-out.jsonl --project demo
     """
-    from train.models import device, resolve_model_path
+    from train.models import resolve_model_path
     from train.reward import load_reward_model, preference_row
 
     project = load_project(project_dir)
@@ -459,7 +459,7 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
     if not rows:
         raise click.ClickException(f"{data_file} holds no preference pairs")
     base = project.config.model
-    reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / version_row.adapter_path, device(base), base.dtype)
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / version_row.adapter_path, base)
     with tqdm(total=2 * len(rows), unit="response", desc="scoring", file=sys.stderr) as bar:
         result = reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=bar.update)
     click.echo(

@@ -211,6 +211,13 @@ def submit_ppo(
 def _submit(
     project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table], round_id: int | None = None
 ) -> Job:
+    from train.errors import ModelError
+    from train.models import check_runs_here
+
+    try:  # before the job exists: a job this machine cannot run is refused, not queued to fail
+        check_runs_here(project.config.model)
+    except ModelError as e:
+        raise JobError(str(e)) from None
     job = run(add_job, kind, config, round_id)
     directory = job_dir(project, job.id)
     try:
