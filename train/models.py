@@ -106,18 +106,18 @@ def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> Pre
     other is loaded on the CPU for the caller to move.
     """
     check_runs_here(config)
-    if config.quantization == "none":
-        return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
-    from transformers import BitsAndBytesConfig
+    if config.quantization != "none":
+        from transformers import BitsAndBytesConfig
 
-    if config.quantization == "8bit":
-        quantization = BitsAndBytesConfig(load_in_8bit=True)
-    else:
-        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=compute)
-    return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], quantization_config=quantization,
-                                      device_map={"": device(config)}, **kwargs)
+        if config.quantization == "8bit":
+            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        else:
+            compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+            )
+        kwargs["device_map"] = {"": device(config)}
+    return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
 
 
 def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:
