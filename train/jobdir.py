@@ -55,10 +55,13 @@ def input_path(job_dir: Path, name: str) -> Path:
 class Events:
     """The worker's side of events.jsonl: one flushed line per event, so the owner can tail it."""
 
-    def __init__(self, job_dir: Path):
+    def __init__(self, job_dir: Path, enabled: bool = True):
         self.path = job_dir / EVENTS_FILE
+        self.enabled = enabled  # off in every process of a job but the first, which speaks for them all
 
     def emit(self, kind: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a") as f:
             f.write(json.dumps({"time": time.time(), "event": kind, **fields}) + "\n")
 

@@ -190,6 +190,12 @@ def describe_device(config: ModelConfig) -> str:
 
 
 def device(config: ModelConfig) -> torch.device:
-    if config.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device [model] device names; "auto" and "cuda" mean this process's own GPU when there is one.
+
+    Under accelerate launch each process has its own GPU, cuda:LOCAL_RANK; alone it is cuda:0.
+    """
+    if config.device == "auto" and not torch.cuda.is_available() or config.device == "cpu":
+        return torch.device("cpu")
+    if config.device in ("auto", "cuda"):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device(config.device)

@@ -23,6 +23,11 @@ Each step, in the order `ppo_step` runs it:
    policy, so the next round's PPO goes on from it. A step whose KL to the starting model is over
    `kl_budget` ends the run before it updates.
 
+Under accelerate launch each process samples and evaluates its share of the batch's prompts;
+the whitening, the KL that steers beta and the statistics are taken over the whole batch, and each
+minibatch's gradients are averaged over the processes before the optimiser step (DDP's
+all-reduce), so every process keeps the same weights. batch_size and minibatch_size stay global.
+
 Tensors are (B, R) over response tokens unless named otherwise: B responses, R the longest.
 """
 
@@ -42,6 +47,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from train import distributed
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
@@ -344,8 +350,10 @@ def add_advantages(rollout: Rollout, gamma: float, lam: float) -> None:
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mean = (x * mask).sum() / mask.sum()
-    variance = (((x - mean) * mask) ** 2).sum() / mask.sum()
+    """x with mean 0 and variance 1 over the masked tokens of the whole batch, every process's part of it."""
+    total, count = distributed.all_sum(torch.stack([(x * mask).sum(), mask.sum()]))
+    mean = total / count
+    variance = distributed.all_sum((((x - mean) * mask) ** 2).sum()) / count
     return (x - mean) * torch.rsqrt(variance + 1e-8)
 
 
@@ -364,11 +372,12 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
     """
     stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": []}
     size = rollout.response_ids.shape[0]
+    minibatch_size = config.minibatch_size // distributed.world_size()  # this process's part of each minibatch
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     for _ in range(config.epochs):
         order = torch.randperm(size, generator=generator)
-        for start in range(0, size, config.minibatch_size):
-            index = order[start : start + config.minibatch_size]
+        for start in range(0, size, minibatch_size):
+            index = order[start : start + minibatch_size]
             mask = rollout.response_mask[index].float()
             args = (rollout.query_ids[index], rollout.query_mask[index], rollout.response_ids[index], rollout.response_mask[index])
             optimizer.zero_grad(set_to_none=True)
@@ -388,6 +397,7 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
             value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
             (config.vf_coef * value_loss).backward()
 
+            distributed.average_gradients(trainable)
             nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             with torch.no_grad():
@@ -396,7 +406,8 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
                 stats["policy_loss"].append(policy_loss.item())
                 stats["value_loss"].append(value_loss.item())
                 stats["value_clip_fraction"].append(masked_mean(((values - old_values).abs() > config.clip_range_value).float(), mask).item())
-    return {name: sum(values) / len(values) for name, values in stats.items()} | {"first_clip_fraction": stats["clip_fraction"][0]}
+    means = {name: sum(values) / len(values) for name, values in stats.items()} | {"first_clip_fraction": stats["clip_fraction"][0]}
+    return distributed.all_mean(means)
 
 
 @contextmanager
@@ -475,18 +486,18 @@ def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller
     kl = add_rewards(rollout, beta)
     add_advantages(rollout, config.gamma, config.lam)
     mask = rollout.response_mask.float()
-    kl_per_response = kl.sum(dim=1).mean().item()
-    stats = {
+    # Means over each process's equal share of the batch; their mean is the whole batch's.
+    stats = distributed.all_mean({
         "score": rollout.scores.mean().item(),
-        "kl": kl_per_response,
+        "kl": kl.sum(dim=1).mean().item(),
         "kl_to_start": diagnostics["kl_to_start"].sum(dim=1).mean().item(),
         "entropy": masked_mean(diagnostics["entropy"], mask).item(),
         "response_length": mask.sum(dim=1).mean().item(),
         "finished": rollout.finished.float().mean().item(),
-        "beta": beta,
-        "generated_tokens": int(mask.sum().item()),
         "generate_seconds": generated_seconds,
-    }
+    })
+    stats |= {"beta": beta, "generated_tokens": int(distributed.all_sum(mask.sum()).item())}
+    kl_per_response = stats["kl"]
     if kl_budget and kl_per_response > kl_budget:
         stats["over_budget"] = 1.0
     else:
@@ -517,6 +528,11 @@ def train_ppo(
     """
     if not prompts:
         raise ModelError("no prompts to run PPO on")
+    processes = distributed.world_size()
+    for name in ("batch_size", "minibatch_size"):
+        if getattr(config, name) % processes:
+            raise ModelError(f"[ppo] {name} = {getattr(config, name)} does not split evenly across {processes} processes: "
+                             f"make it a multiple of {processes}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     wrapped = build(model, reward_dir, config, policy_dir)
@@ -524,22 +540,25 @@ def train_ppo(
     optimizer = optimizer_for(wrapped, config)
     controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
     generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed)
-    order = random.Random(config.seed)
+    torch.manual_seed(config.seed + distributed.rank())  # each process its own samples
+    order = random.Random(config.seed)  # the same batches in every process, each taking its share
     eos = end_of_turn_ids(model, tokenizer)
-    history = []
+    history, sampled = [], 0
     for step in range(1, config.steps + 1):
-        batch_prompts = draw_prompts(prompts, config.batch_size, order)
+        batch_prompts = draw_prompts(prompts, config.batch_size, order)[distributed.rank() :: processes]
         stats, rollout = ppo_step(wrapped, scorer, optimizer, batch_prompts, config, controller, eos, generator, kl_budget)
         stats["step"] = step
         history.append(stats)
+        sampled += len(rollout.texts)
         if on_step is not None:
             samples = [{"prompt": batch_prompts[i][-1]["content"], "response": text, "score": rollout.scores[i].item()}
                        for i, text in enumerate(rollout.texts[:3])]
             on_step({**stats, "total_steps": config.steps, "samples": samples})
         if "over_budget" in stats:
             break
-    save_policy(wrapped, out_dir, config, controller.beta)
+    distributed.report_share(sampled, f"responses sampled over {len(history)} steps")
+    if distributed.is_main():
+        save_policy(wrapped, out_dir, config, controller.beta)
     return {"steps": history}
 
 

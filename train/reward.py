@@ -41,6 +41,7 @@ from transformers import (
     TrainerCallback,
 )
 
+from train import distributed
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
 from train.models import device, from_pretrained, give_pad_token, prepare_for_training, set_pad_token, uses_bf16
@@ -85,6 +86,7 @@ class EncodedPairs:
 class PairwiseResult:
     accuracy: float | None  # share of pairs with r_chosen > r_rejected; None for no pairs
     mean_margin: float | None  # mean of r_chosen - r_rejected in normalised units (training-reward stds)
+    loss: float | None  # the Bradley-Terry loss, mean -log sigmoid(r_chosen - r_rejected) on the raw rewards
     pairs: int
     truncated: int
 
@@ -316,11 +318,22 @@ class _ProgressCallback(TrainerCallback):
                 })
 
 
-def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_progress: ProgressFn | None) -> list[float]:
-    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs; the loss of each step."""
+def _fit(
+    model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_progress: ProgressFn | None, on_cpu: bool
+) -> list[float]:
+    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs; the loss of each step.
+
+    Under accelerate launch the Trainer is data-parallel: each process takes its part of every
+    batch, so config.batch_size stays the global batch and must split evenly.
+    """
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
     from trl import RewardConfig, RewardTrainer
+
+    processes = distributed.world_size()
+    if config.batch_size % processes:
+        raise ModelError(f"[reward_model] batch_size = {config.batch_size} does not split evenly across {processes} processes: "
+                         f"make it a multiple of {processes}")
 
     dataset = Dataset.from_dict({
         "chosen_ids": encoded.chosen_ids,
@@ -332,7 +345,7 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
         args = RewardConfig(
             output_dir=scratch,
             num_train_epochs=config.epochs,
-            per_device_train_batch_size=config.batch_size,
+            per_device_train_batch_size=config.batch_size // processes,
             gradient_accumulation_steps=config.gradient_accumulation,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
@@ -349,13 +362,22 @@ def _fit(model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_
             gradient_checkpointing=config.gradient_checkpointing,
             disable_dropout=False,  # TRL's default would silently zero lora_dropout
             bf16=uses_bf16(config.precision),
-            use_cpu=not torch.cuda.is_available(),
+            use_cpu=on_cpu,
         )
         trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
         trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
+        collate, fitted = trainer.data_collator, 0
+
+        def counting_collate(pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            nonlocal fitted
+            fitted += len(pairs)
+            return collate(pairs)
+
+        trainer.data_collator = counting_collate
         trainer.train()
+        distributed.report_share(fitted, "pairs fitted")
         # Mixed precision wraps model.forward in autocast; scoring must see the float32 model that loads later.
         trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     model.eval()
@@ -435,15 +457,17 @@ class RewardModel:
         on_scored, if given, is called with the number of sequences scored after each batch (two per pair).
         """
         if not rows:
-            return PairwiseResult(accuracy=None, mean_margin=None, pairs=0, truncated=0)
+            return PairwiseResult(accuracy=None, mean_margin=None, loss=None, pairs=0, truncated=0)
         encoded = encode_pairs(self.tokenizer, rows, self.max_length)
         sequences = encoded.chosen_ids + encoded.rejected_ids
         raw = _raw_scores(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored)
         chosen, rejected = raw[: len(rows)], raw[len(rows) :]
         margins = [(c - r) / self.normalization.std for c, r in zip(chosen, rejected)]
+        loss = -torch.nn.functional.logsigmoid(torch.tensor(chosen, dtype=torch.float64) - torch.tensor(rejected, dtype=torch.float64))
         return PairwiseResult(
             accuracy=sum(m > 0 for m in margins) / len(rows),
             mean_margin=sum(margins) / len(rows),
+            loss=loss.mean().item(),
             pairs=len(rows),
             truncated=encoded.truncated,
         )
@@ -496,7 +520,7 @@ def train_reward_model(
     fitted = encoded if fit_rows is train_rows else encode_pairs(tokenizer, fit_rows, config.max_length)
 
     fit_started = time.perf_counter()
-    losses = _fit(model, tokenizer, fitted, config, on_progress)
+    losses = _fit(model, tokenizer, fitted, config, on_progress, on_cpu=device(base or ModelConfig()).type == "cpu")
     train_seconds = time.perf_counter() - fit_started
 
     # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where
@@ -514,6 +538,7 @@ def train_reward_model(
         "train_loss_end": sum(losses[-tail:]) / tail,
         "eval_accuracy": held_out.accuracy,
         "eval_mean_margin": held_out.mean_margin,
+        "eval_loss": held_out.loss,
         "reward_mean": normalization.mean,
         "reward_std": normalization.std,
         "pairs_train": len(train_rows),
@@ -531,7 +556,8 @@ def train_reward_model(
         "new_votes_pairs": new_votes.pairs if new_votes else None,
     }
     metrics["seconds"] = time.perf_counter() - started
-    _save(model, tokenizer, normalization, metrics, config, out_dir)
+    if distributed.is_main():  # every process holds the same weights after a data-parallel fit
+        _save(model, tokenizer, normalization, metrics, config, out_dir)
     return metrics
 
 

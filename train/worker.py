@@ -5,8 +5,15 @@
 It reads job.json and the frozen inputs, reports progress to events.jsonl, writes its
 artifacts into the directory and, last, result.json. A worker that dies leaves no result.json,
 and the owner marks the job failed with the tail of worker.log.
+
+Under `accelerate launch` (the owner starts it so when [worker] gpus is over 1) every process
+runs this same code on its share: generation and scoring split the prompts, reward-model
+training and PPO split each batch (train.distributed). Only the first process writes events,
+artifacts and result.json, and only once every process has finished; a process that fails makes
+`accelerate launch` stop the others and exit non-zero, so the job fails.
 """
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +22,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from train import distributed
 from train.config import GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
@@ -26,24 +34,31 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
     from train.models import load_model
 
     prompts = pq.read_table(input_path(job_dir, "prompts")).to_pylist()
+    mine = distributed.shard(prompts)
+    generation = GenerationConfig(**config["generation"])
+    if generation.seed is not None:  # each process its own draws, on its own prompts
+        generation = dataclasses.replace(generation, seed=generation.seed + distributed.rank())
     model, tokenizer = load_model(ModelConfig(**config["model"]), config["adapter_path"])
-    events.emit("started", total=len(prompts) * config["generation"]["per_prompt"])
+    events.emit("started", total=len(prompts) * generation.per_prompt)
 
     def progress(done: int, total: int) -> None:
         events.emit("progress", done=done, total=total, progress=done / total)
 
     try:
         generated = generate(
-            model, tokenizer, [json.loads(p["messages"]) for p in prompts], GenerationConfig(**config["generation"]),
-            progress=False, on_progress=progress,
+            model, tokenizer, [json.loads(prompts[i]["messages"]) for i in mine], generation, progress=False, on_progress=progress
         )
     except PromptTooLong as e:
-        raise ModelError(f"prompt {prompts[e.index]['prompt_id']} {e}") from None
-    rows = [
-        {"prompt_id": prompts[g.prompt_index]["prompt_id"], "text": g.text, "token_count": g.token_count, "finished": g.finished}
+        raise ModelError(f"prompt {prompts[mine[e.index]]['prompt_id']} {e}") from None
+    distributed.report_share(len(generated), "completions")
+    rows = distributed.gather([
+        {"order": mine[g.prompt_index], "prompt_id": prompts[mine[g.prompt_index]]["prompt_id"], "text": g.text,
+         "token_count": g.token_count, "finished": g.finished}
         for g in generated
-    ]
-    pq.write_table(pa.Table.from_pylist(rows), job_dir / "completions.parquet")
+    ])
+    if distributed.is_main():
+        rows.sort(key=lambda row: row.pop("order"))  # stable: a prompt's completions keep their order
+        pq.write_table(pa.Table.from_pylist(rows), job_dir / "completions.parquet")
     return {"completions": "completions.parquet"}
 
 
@@ -89,18 +104,21 @@ def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
     from train.reward import load_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
-    rows = pq.read_table(input_path(job_dir, "completions")).to_pylist()
+    table = pq.read_table(input_path(job_dir, "completions")).to_pylist()
+    rows = [table[i] for i in distributed.shard(table)]
     base = ModelConfig(**config["model"])
     reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["adapter_path"]), base)
-    events.emit("started", total=len(rows))
+    events.emit("started", total=len(table))
     rewards = []
     step = reward.batch_size * 8  # report progress every few batches
     for start in range(0, len(rows), step):
         chunk = rows[start : start + step]
         rewards += reward_model.score([json.loads(r["prompt"]) for r in chunk], [r["text"] for r in chunk], reward.batch_size * 2)
         events.emit("progress", done=len(rewards), total=len(rows), progress=len(rewards) / len(rows))
-    table = pa.Table.from_pylist([{"completion_id": r["completion_id"], "reward": v} for r, v in zip(rows, rewards)])
-    pq.write_table(table, job_dir / "scores.parquet")
+    distributed.report_share(len(rewards), "completions scored")
+    scores = distributed.gather([{"completion_id": r["completion_id"], "reward": v} for r, v in zip(rows, rewards)])
+    if distributed.is_main():
+        pq.write_table(pa.Table.from_pylist(scores), job_dir / "scores.parquet")
     return {"scores": "scores.parquet"}
 
 
@@ -138,14 +156,16 @@ def main(argv: list[str]) -> None:
         sys.exit(0 if len(argv) == 2 else 2)
     job_dir = Path(argv[1])
     job = read_job(job_dir)
-    events = Events(job_dir)
+    events = Events(job_dir, enabled=distributed.is_main())
     try:
         result = RUNNERS[job["kind"]](job_dir, job["config"], events)
     except ModelError as e:  # a problem with the model or its input, said in one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    write_result(job_dir, result)
-    events.emit("finished")
+    distributed.wait_for_everyone()  # result.json says the whole job is done, every process's part of it
+    if distributed.is_main():
+        write_result(job_dir, result)
+        events.emit("finished")
 
 
 if __name__ == "__main__":

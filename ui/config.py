@@ -61,6 +61,29 @@ class RoundConfig:
 
 
 @dataclass
+class WorkerConfig:
+    gpus: int | str = field(
+        default=1,
+        metadata={"help": 'GPUs each model job uses: a number, or "all". Over 1, the worker runs under accelerate launch, '
+                          "one process per GPU (DDP): reward-model training and PPO split each batch and average the "
+                          "gradients, generation and scoring split the prompts. Batch sizes stay global, so [reward_model] "
+                          "batch_size and [ppo] batch_size and minibatch_size must be multiples of it."},
+    )
+
+    def __post_init__(self):
+        if not (self.gpus == "all" or isinstance(self.gpus, int) and self.gpus >= 1):
+            raise ValueError(f'gpus must be a whole number of at least 1, or "all", got {self.gpus!r}')
+
+    def processes(self) -> int:
+        """How many worker processes a job runs as: one per GPU asked for; "all" on a machine without CUDA is one."""
+        if self.gpus != "all":
+            return self.gpus
+        import torch
+
+        return max(1, torch.cuda.device_count())
+
+
+@dataclass
 class TetherConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -69,6 +92,7 @@ class TetherConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     round: RoundConfig = field(default_factory=RoundConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     def __post_init__(self):
         if self.ppo.max_new_tokens is not None and self.ppo.max_new_tokens > self.generation.max_new_tokens:

@@ -218,6 +218,7 @@ def _submit(
         check_runs_here(project.config.model)
     except ModelError as e:
         raise JobError(str(e)) from None
+    check_gpus(project)
     job = run(add_job, kind, config, round_id)
     directory = job_dir(project, job.id)
     try:
@@ -228,6 +229,28 @@ def _submit(
     for name, content_hash in written["inputs"].items():
         run(add_snapshot, content_hash, inputs[name].num_rows, str(input_path(directory, name).relative_to(project.root)))
     return job
+
+
+def check_gpus(project: Project) -> None:
+    """Refuse [worker] gpus over the GPUs this machine has, or beside a [model] device that names one GPU."""
+    import torch
+
+    processes, gpus = project.config.worker.processes(), project.config.worker.gpus
+    if processes > 1 and processes > torch.cuda.device_count():
+        raise JobError(f"[worker] gpus = {gpus} asks for {processes} GPUs and this machine has {torch.cuda.device_count()}: "
+                       "set gpus = 1, or \"all\"")
+    if processes > 1 and project.config.model.device.startswith("cuda:"):
+        raise JobError(f'[worker] gpus = {gpus} gives each process its own GPU, and [model] device = '
+                       f'"{project.config.model.device}" names one: set device = "auto"')
+
+
+def worker_command(directory: Path, processes: int) -> list[str]:
+    """The command that runs a job: the worker alone, or one worker process per GPU under accelerate launch."""
+    worker = ["-m", "train.worker", str(directory)]
+    if processes == 1:
+        return [sys.executable, *worker]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *worker]
 
 
 def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
@@ -277,20 +300,24 @@ def run_job(
     job: Job,
     cancelled: Callable[[], str | None] = lambda: None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    command: list[str] | None = None,
 ) -> Job:
     """Run the worker to its end, following its progress; ingest its result or record its failure.
 
-    `cancelled()` returns why the job must stop now, or None to go on.
+    `cancelled()` returns why the job must stop now, or None to go on. `command` runs the job
+    directory's worker some other way than [worker] gpus says (worker_command).
     """
     directory = job_dir(project, job.id)
     run(start_job, job.id)
     with (directory / LOG_FILE).open("w") as log:
-        # Its own session, so cancelling can kill the worker and anything it started. -P keeps the
-        # working directory off sys.path: a signal.py or json.py where tether was run would
-        # otherwise shadow the standard library in the worker.
+        # Its own session, so cancelling can kill the worker and anything it started.
+        # PYTHONSAFEPATH, inherited by every process accelerate launch starts, keeps the working
+        # directory off sys.path: a signal.py or json.py where tether was run would otherwise
+        # shadow the standard library in the worker.
         worker = subprocess.Popen(
-            [sys.executable, "-P", "-m", "train.worker", str(directory)],
+            command or worker_command(directory, project.config.worker.processes()),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
+            env=os.environ | {"PYTHONSAFEPATH": "1"},
         )
     offset = 0
     while worker.poll() is None:

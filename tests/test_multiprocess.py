@@ -1,0 +1,104 @@
+"""Jobs in two processes under `accelerate launch`, through the worker, on the CPU, as [worker] gpus = 2 runs them on GPUs.
+
+accelerate's `--cpu` starts several processes only through mpirun, which is not installed here;
+its torchrun launcher, the one [worker] gpus uses, starts them on a CPU as well.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from store import open_database
+from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings
+from tests.test_reward_jobs import toy_preferences
+from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
+from ui.project import load_project
+
+# The held-out Bradley-Terry loss of the two-process reward model against the one-process one,
+# same global batch and seed. The two see each step's pairs in another grouping (the length
+# sampler groups per process) and draw other dropout masks, so they are not equal; on this task
+# their losses differed by 0.004 to 0.03 nats (see the test), while the untrained loss is log 2.
+HELD_OUT_LOSS_TOLERANCE = 0.1
+
+
+def run_two_processes(project_dir: Path, submit) -> tuple[str, str]:
+    """Queue a job with submit(project, run), run it in two CPU processes; (its status, worker.log)."""
+    project = load_project(project_dir)
+    job = submit(project, project.run)
+    directory = project_dir / "jobs" / str(job.id)
+    # [worker] gpus = 2's own command: accelerate launch starts two processes, which meet through gloo on the CPU.
+    done = run_job(project, project.run, job, command=worker_command(directory, 2))
+    return done.status, (directory / "worker.log").read_text()
+
+
+def shares(log: str, what: str) -> dict[int, int]:
+    """{rank: count} from the lines each process writes, 'process R of 2: N <what>'."""
+    return {int(rank): int(count) for rank, count in re.findall(rf"process (\d) of 2: (\d+) {what}", log)}
+
+
+def reward_metrics(project: Path) -> dict[int, dict]:
+    with closing(open_database(project / "tether.duckdb")) as con:
+        return {v: json.loads(m) for v, m in con.execute("SELECT version, metrics FROM reward_models").fetchall()}
+
+
+def test_worker_command_launches_one_process_per_gpu():
+    assert worker_command(Path("jobs/1"), 1) == [sys.executable, "-m", "train.worker", "jobs/1"]
+    launched = worker_command(Path("jobs/1"), 4)
+    assert launched[:3] == [sys.executable, "-m", "accelerate.commands.launch"] and "--multi_gpu" in launched
+    assert launched[launched.index("--num_processes") + 1] == "4" and launched[-3:] == ["-m", "train.worker", "jobs/1"]
+
+
+def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(tiny_project, tiny_model_dir, tmp_path):
+    set_settings(tiny_project, "reward_model", warm_start=False, batch_size=4, epochs=3)
+    set_settings(tiny_project, "ppo", steps=2, batch_size=4, minibatch_size=2, max_new_tokens=6)
+    project = ("--project", str(tiny_project))
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl", n=60)), *project, check=True)
+
+    status, log = run_two_processes(tiny_project, lambda p, run: submit_reward_training(p, run, include_imported=True))
+    assert status == "done", log
+    two = reward_metrics(tiny_project)[1]
+    fitted = shares(log, "pairs fitted")
+    # Each process fits its half of every global batch of 4.
+    assert set(fitted) == {0, 1} and fitted[0] == fitted[1] == two["pairs_train"] * 3 // 2, log
+
+    one_process = run_tether("rm", "train", "--include-imported", *project)  # the same pairs, batch and seed
+    assert one_process.returncode == 0, one_process.stderr
+    one = reward_metrics(tiny_project)[2]
+    assert two["steps"] == one["steps"] and two["pairs_eval"] == one["pairs_eval"] > 0
+    assert one["eval_loss"] < 0.5 and two["eval_loss"] < 0.5  # both learnt the task; log 2 = 0.69
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], abs=HELD_OUT_LOSS_TOLERANCE)
+    print(f"held-out loss: two processes {two['eval_loss']:.4f}, one {one['eval_loss']:.4f}")
+
+    # The two-process version loads with plain transformers + peft and scores as Tether stored it.
+    cases = [([{"role": "user", "content": "Question 3: what do you like?"}], answer) for answer in ("No. 3", "I like cats and 3 dogs. Thank you!")]
+    plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path)
+    assert plain[1]["normalised"] > plain[0]["normalised"]
+
+    run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
+    status, log = run_two_processes(tiny_project, lambda p, run: submit_ppo(p, run))
+    assert status == "done", log
+    assert shares(log, "responses sampled over 2 steps") == {0: 4, 1: 4}, log  # two of each step's four, each
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT version, parent FROM policies ORDER BY version").fetchall() == [(0, None), (1, 0)]
+        steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE job_id = 3 AND name = 'kl'").fetchone()
+    assert steps == (2,)
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from peft import PeftModel; from transformers import AutoModelForCausalLM; "
+         "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(sys.argv[1]), sys.argv[2]); print('loaded')",
+         str(tiny_model_dir), str(tiny_project / "policies" / "v1")],
+        capture_output=True, text=True,
+    )
+    assert loaded.stdout.strip() == "loaded", loaded.stderr
+
+    # Generation splits the prompts: every completion once, in prompt order, from both processes.
+    status, log = run_two_processes(tiny_project, lambda p, run: submit_generation(p, run, limit=3, per_prompt=2))
+    assert status == "done", log
+    assert shares(log, "completions") in ({0: 4, 1: 2}, {0: 2, 1: 4}), log
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        made = con.execute("SELECT prompt_id, count(*) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
+    assert len(made) == 3 and all(n == 2 for _, n in made)
