@@ -7,6 +7,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from train.batching import in_batches
 from train.config import GenerationConfig
 from train.errors import ModelError
 
@@ -39,6 +40,8 @@ def generate(
 ) -> list[Generated]:
     """Sample `config.per_prompt` completions for each prompt, grouped by prompt in prompt order.
 
+    Batches hold prompts of like length, with the KV cache and the model's attention (SDPA,
+    transformers' default, on a GPU); a batch that runs out of GPU memory is halved.
     `progress` shows a bar on the terminal; `on_progress(done, total)` is called after each batch.
     """
     if config.seed is not None:
@@ -57,14 +60,17 @@ def generate(
         key=lambda i: -len(encoded[i]),
     )
     eos_ids = end_of_turn_ids(model, tokenizer)
-    results: list[Generated] = []
     with tqdm(total=len(jobs), desc="generating", unit="completion", disable=not progress) as bar:
-        for start in range(0, len(jobs), config.batch_size):
-            batch = jobs[start : start + config.batch_size]
-            results += _generate_batch(model, tokenizer, batch, [encoded[i] for i in batch], config, eos_ids)
-            bar.update(len(batch))
+
+        def done(count: int) -> None:
+            bar.update(count - bar.n)
             if on_progress:
-                on_progress(len(results), len(jobs))
+                on_progress(count, len(jobs))
+
+        results = in_batches(
+            jobs, config.batch_size, lambda batch: _generate_batch(model, tokenizer, batch, [encoded[i] for i in batch], config, eos_ids),
+            "generation", done,
+        )
     return sorted(results, key=lambda g: g.prompt_index)
 
 

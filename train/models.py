@@ -117,7 +117,11 @@ def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> Pre
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
             )
         kwargs["device_map"] = {"": device(config)}
-    return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
+    try:
+        return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
+    except (ImportError, RuntimeError) as e:  # bitsandbytes missing or too old, a dtype the device lacks, a CUDA error
+        raise ModelError(f'cannot load {path} with [model] dtype = "{config.dtype}" and quantization = "{config.quantization}": '
+                         f"{' '.join(str(e).split())}") from None
 
 
 def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:

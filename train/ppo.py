@@ -48,6 +48,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
+from train.batching import in_batches
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
@@ -199,8 +200,15 @@ def sample(model: PolicyWithHeads, tokenizer, prompts: list[Messages], config: P
     device = next(model.parameters()).device
     query_ids, query_mask = query["input_ids"].to(device), query["attention_mask"].to(device)
     model.peft_model.set_adapter("policy")
-    output = model.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos_ids))
-    response_ids = output[:, query_ids.shape[1] :]  # (B, R)
+    settings = sampling_settings(config, tokenizer, eos_ids)
+
+    def generate(rows: list[int]) -> list[torch.Tensor]:
+        output = model.peft_model.generate(input_ids=query_ids[rows], attention_mask=query_mask[rows], **settings)
+        return list(output[:, query_ids.shape[1] :])
+
+    # In one batch unless it runs out of GPU memory; parts of it come back with their own widths.
+    responses = in_batches(list(range(len(prompts))), len(prompts), generate, "PPO's rollouts")
+    response_ids = nn.utils.rnn.pad_sequence(responses, batch_first=True, padding_value=tokenizer.pad_token_id)  # (B, R)
     is_eos = torch.isin(response_ids, torch.tensor(sorted(eos_ids), device=device))
     finished = is_eos.any(dim=1)
     # The response runs through its first EOS; generate pads after it, but the mask must not trust the pad id.

@@ -42,6 +42,7 @@ from transformers import (
 )
 
 from train import distributed
+from train.batching import in_batches
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
 from train.models import device, from_pretrained, give_pad_token, prepare_for_training, set_pad_token, uses_bf16
@@ -393,20 +394,23 @@ def _raw_scores(
 ) -> list[float]:
     """The head's output at each sequence's last token, in sequence order.
 
-    Batches hold sequences of like length (longest first) to spend little on padding; they are
-    right-padded, and the classifier reads the last token that is not the pad token.
+    Batches hold sequences of like length (longest first) to spend little on padding, and one
+    that runs out of GPU memory is halved; they are right-padded, and the classifier reads the
+    last token that is not the pad token.
     """
     device = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
-    scores = [0.0] * len(sequences)
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
+
+    def score(batch: list[int]) -> list[float]:
         input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
         logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
-        for i, value in zip(batch, logits[:, 0].float().tolist()):
-            scores[i] = value
         if on_scored is not None:
             on_scored(len(batch))
+        return logits[:, 0].float().tolist()
+
+    scores = [0.0] * len(sequences)
+    for i, value in zip(order, in_batches(order, batch_size, score, "scoring")):
+        scores[i] = value
     return scores
 
 
