@@ -139,10 +139,11 @@ def run_trl(workdir: Path, setup: dict, config: PPOConfig) -> dict:
     from trl.experimental.ppo import PPOTrainer
 
     model_path = setup["model_path"]
+    dtype = getattr(torch, setup.get("dtype", "float32"))  # scripts/bench_gpu.py runs this arm in bfloat16 on a GPU
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     value_model, reward_model = (AutoModelForSequenceClassification.from_pretrained(workdir / "reward-merged", num_labels=1,
-                                                                                    dtype=torch.float32) for _ in range(2))
+                                                                                    dtype=dtype) for _ in range(2))
     queries = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
                for m in setup["prompts"]]
     args = TRLPPOConfig(
@@ -152,7 +153,7 @@ def run_trl(workdir: Path, setup: dict, config: PPOConfig) -> dict:
         temperature=config.temperature, kl_coef=config.kl_coef, cliprange=config.clip_range,
         cliprange_value=config.clip_range_value, vf_coef=config.vf_coef, gamma=config.gamma, lam=config.lam,
         missing_eos_penalty=config.missing_eos_penalty, stop_token="eos", seed=config.seed,
-        use_cpu=True, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(), save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
     )
     lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                       target_modules="all-linear")
@@ -162,7 +163,8 @@ def run_trl(workdir: Path, setup: dict, config: PPOConfig) -> dict:
     started = time.perf_counter()
     trainer.train()
     return {"steps": trainer.state.global_step, "generated_tokens": sum(generated),
-            "train_seconds": time.perf_counter() - started}
+            "train_seconds": time.perf_counter() - started,
+            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}
 
 
 def count_generated(model, eos_id: int) -> list[int]:

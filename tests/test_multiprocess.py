@@ -102,3 +102,20 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         made = con.execute("SELECT prompt_id, count(*) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
     assert len(made) == 3 and all(n == 2 for _, n in made)
+
+
+def test_more_gpus_than_the_machine_has_is_refused_before_a_job_is_queued(tiny_project, tmp_path):
+    import torch
+
+    project = ("--project", str(tiny_project))
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), *project, check=True)
+    gpus = max(2, torch.cuda.device_count() + 1)  # 1 is one process, on a CPU as well
+    set_settings(tiny_project, "worker", gpus=gpus)
+    refused = run_tether("rm", "train", "--include-imported", *project)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"[worker] gpus = {gpus} asks for {gpus} GPUs and this machine has {torch.cuda.device_count()}" in refused.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    set_settings(tiny_project, "worker", gpus="some")
+    bad = run_tether("status", *project)
+    assert bad.returncode == 1 and 'tether.toml: [worker] gpus must be a whole number of at least 1, or "all", got \'some\'' in bad.stderr

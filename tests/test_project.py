@@ -23,7 +23,8 @@ def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
     if not torch.cuda.is_available():
         assert f"device        cpu: CPU with {os.cpu_count()} cores" in status.stdout
     autocast = "on" if uses_bf16("auto") else "off"  # what this machine's CPU or GPU offers
-    assert f"precision     float32 weights; bf16 autocast {autocast} in reward-model training, {autocast} in PPO" in status.stdout
+    assert f"precision     float32 weights, quantization none; bf16 autocast {autocast} in reward-model training, {autocast} in PPO" in status.stdout
+    assert "processes     1 per model job ([worker] gpus = 1)" in status.stdout
 
 
 def test_init_refuses_an_existing_project_and_local_models_are_made_absolute(tmp_path, tiny_model_dir, monkeypatch):

@@ -590,8 +590,9 @@ def status(project_dir: Path):
         ("project", str(project.root)),
         ("model", config.model.name_or_path),
         ("device", describe_device(config.model)),
-        ("precision", f"{config.model.dtype} weights; bf16 autocast {autocast['reward model']} in reward-model training, "
-                      f"{autocast['PPO']} in PPO"),
+        ("precision", f"{config.model.dtype} weights, quantization {config.model.quantization}; bf16 autocast "
+                      f"{autocast['reward model']} in reward-model training, {autocast['PPO']} in PPO"),
+        ("processes", f"{config.worker.processes()} per model job ([worker] gpus = {config.worker.gpus})"),
         ("schema", f"version {counts.schema_version}"),
         ("prompts", f"{counts.prompts} ({counts.active_prompts} active)"),
         ("completions", str(counts.completions)),

@@ -1,0 +1,312 @@
+"""GPU throughput and memory of reward-model training, PPO and generation, in bf16 and 4-bit, against TRL's PPO.
+
+Nothing is downloaded. Each model is a Llama with random weights built from a config: about 1B
+parameters (Llama-3.2-1B's shape with a 32k vocabulary) and about 3B (Llama-3.2-3B's). Its
+tokenizer is a byte-level BPE trained on the demo prompts, padded with filler tokens to the
+config's vocabulary. Speed does not depend on what the weights say: a random model rarely says
+EOS, so every response runs to --max-new-tokens, the same in every arm.
+
+For each model and each weight format (bf16; 4-bit NF4 through bitsandbytes, on CUDA only) it
+reports:
+- rm: reward-model training pairs/s (train_reward_model, one epoch over --pairs synthetic pairs
+  of the demo prompts) and peak GPU memory;
+- ppo: PPO's generated tokens/s over --steps steps (train_ppo against the reward model the rm
+  arm trained), the share of step time spent generating, and peak GPU memory;
+- generate: Tether's generate() tokens/s against model.generate on the same batches, same
+  sampling, in one process (target: >= 0.9x).
+Then, on the 1B model in bf16, TRL 1.12.0's PPOTrainer with the same settings (scripts/bench_ppo.py's
+TRL arm, in its own environment) and Tether's ratios to it (targets: >= 1.3x tokens/s, <= 0.7x
+peak memory), and 4-bit's peak memory against bf16's on the 3B model (target: <= 0.45x).
+
+Each arm runs in its own child process, so its peak memory is its own: torch's peak allocated
+GPU memory on CUDA, the peak resident memory on a CPU.
+
+    python scripts/bench_gpu.py                       # on a CUDA GPU, every figure
+    python scripts/bench_gpu.py --tiny --skip-trl     # a 2-layer model on the CPU: checks that it runs
+"""
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_arms import run_arm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS_FILE = ROOT / "scripts" / "demo_prompts.jsonl"
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Llama 3.2's 1B and 3B shapes (grouped-query attention, 8 KV heads), with a 32k vocabulary.
+SHAPES = {
+    "1B": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000},
+    "3B": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 32000},
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},
+}
+FORMATS = {"bf16": "none", "4bit": "4bit"}  # name -> [model] quantization, both on bfloat16 weights
+
+
+def prompts() -> list[list[dict]]:
+    from store.prompt_files import read_prompt_file
+
+    return [p.messages for p in read_prompt_file(PROMPTS_FILE)]
+
+
+def build_model(path: Path, shape: dict) -> None:
+    """A random-weight Llama of this shape in bfloat16, with a ChatML tokenizer of its vocabulary, saved at path."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = [json.dumps(m) for m in prompts()]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    ))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML)
+    tokenizer.add_tokens([f"<x{i}>" for i in range(shape["vocab_size"] - len(tokenizer))])
+    config = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 3B model initialises in seconds on a GPU
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def synthetic_rows(count: int, words: int, seed: int) -> list[dict]:
+    """Preference rows on the demo prompts with random-word responses of about `words` words."""
+    from train.reward import preference_row
+
+    rng = random.Random(seed)
+    vocabulary = "the a of to and in is it that for on with as was at by this be are from or".split()
+    text = lambda: " ".join(rng.choice(vocabulary) for _ in range(words))  # noqa: E731
+    return [preference_row(rng.choice(prompts()), text(), text()) for _ in range(count)]
+
+
+def peak_gpu_gb() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
+    from train.config import ModelConfig, RewardModelConfig
+    from train.reward import train_reward_model
+
+    config = RewardModelConfig(batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
+                               gradient_checkpointing=options.gradient_checkpointing)
+    rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
+    metrics = train_reward_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))
+    return {"pairs_per_second": metrics["pairs_per_second"], "peak_gpu_gb": peak_gpu_gb()}
+
+
+def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> dict:
+    from train.config import ModelConfig
+    from train.models import load_model
+    from train.ppo import train_ppo
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization))
+    with tempfile.TemporaryDirectory(prefix="bench-policy-") as scratch:
+        steps = train_ppo(model, tokenizer, prompts(), reward_dir, ppo_config(options), Path(scratch) / "policy")["steps"]
+    seconds = sum(s["seconds"] for s in steps)
+    return {"tokens_per_second": sum(s["generated_tokens"] for s in steps) / seconds,
+            "generate_share": sum(s["generate_seconds"] for s in steps) / seconds, "steps": len(steps),
+            "generated_tokens": sum(s["generated_tokens"] for s in steps), "train_seconds": seconds, "peak_gpu_gb": peak_gpu_gb()}
+
+
+def arm_generate(model_dir: Path, quantization: str, options) -> dict:
+    """Tether's generate() and model.generate on the same prompts, batch and sampling, each timed after a warm-up."""
+    import torch
+
+    from train.config import GenerationConfig, ModelConfig
+    from train.generate import end_of_turn_ids, generate
+    from train.models import load_model
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization))
+    batch = (prompts() * options.generate_batch)[: options.generate_batch]
+    config = GenerationConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=options.max_new_tokens,
+                              batch_size=options.generate_batch, per_prompt=1, seed=0)
+    eos = sorted(end_of_turn_ids(model, tokenizer))
+    encoded = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for m in batch]
+    inputs = tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt").to(model.device)
+
+    def raw() -> int:
+        with torch.inference_mode():
+            output = model.generate(**inputs, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                    max_new_tokens=options.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+        responses = output[:, inputs["input_ids"].shape[1] :]
+        is_eos = torch.isin(responses, torch.tensor(eos, device=responses.device))
+        return int(torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, responses.shape[1]).sum())
+
+    def ours() -> int:
+        return sum(g.token_count for g in generate(model, tokenizer, batch, config, progress=False))
+
+    timings = {}
+    for name, run in (("raw", raw), ("tether", ours), ("raw", raw), ("tether", ours)):  # the first of each warms up
+        synchronize()
+        started = time.perf_counter()
+        tokens = run()
+        synchronize()
+        timings[name] = tokens / (time.perf_counter() - started)
+    return {"tokens_per_second": timings["tether"], "raw_tokens_per_second": timings["raw"], "peak_gpu_gb": peak_gpu_gb()}
+
+
+def synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def arm_trl_setup(model_dir: Path, reward_dir: Path, workdir: Path) -> dict:
+    """What bench_ppo.py's TRL arm reads: setup.json, and the reward model merged into a full sequence classifier."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    workdir.mkdir(exist_ok=True)
+    (workdir / "setup.json").write_text(json.dumps({"model_path": str(model_dir), "prompts": prompts(), "dtype": "bfloat16"}))
+    base = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.bfloat16)
+    base.config.pad_token_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    PeftModel.from_pretrained(base, reward_dir).merge_and_unload().save_pretrained(workdir / "reward-merged")
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(workdir / "reward-merged")
+    return {}
+
+
+def ppo_config(options):
+    from train.config import PPOConfig
+
+    return PPOConfig(steps=options.steps, batch_size=options.batch_size, minibatch_size=options.minibatch_size,
+                     max_new_tokens=options.max_new_tokens, target_kl=0.0, seed=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of the 1B and 3B ones, and small batches: runs on a CPU")
+    parser.add_argument("--sizes", nargs="+", choices=["1B", "3B"], default=["1B", "3B"], help="model sizes [default: 1B 3B]")
+    parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's PPOTrainer (it installs TRL 1.12.0 in .bench/)")
+    parser.add_argument("--pairs", type=int, default=256, help="reward-model training pairs [default: 256]")
+    parser.add_argument("--rm-batch-size", type=int, default=16, help="reward-model batch [default: 16]")
+    parser.add_argument("--rm-max-length", type=int, default=512, help="reward-model max_length [default: 512]")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="checkpoint the reward model's activations")
+    parser.add_argument("--steps", type=int, default=8, help="PPO steps [default: 8]")
+    parser.add_argument("--batch-size", type=int, default=32, help="PPO responses a step [default: 32]")
+    parser.add_argument("--minibatch-size", type=int, default=8, help="PPO responses an optimiser step [default: 8]")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="response length, PPO and generation [default: 128]")
+    parser.add_argument("--generate-batch", type=int, default=64, help="generation batch [default: 64]")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--quantization", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.tiny:
+        options.sizes = ["tiny"]
+        options.pairs, options.rm_batch_size, options.rm_max_length = min(options.pairs, 16), min(options.rm_batch_size, 4), 128
+        options.steps, options.batch_size, options.minibatch_size = min(options.steps, 2), min(options.batch_size, 4), 2
+        options.max_new_tokens, options.generate_batch = min(options.max_new_tokens, 16), min(options.generate_batch, 8)
+    if options.arm:
+        return print(json.dumps(child(options)))
+
+    import torch
+
+    formats = FORMATS if torch.cuda.is_available() else {"bf16": "none"}
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (4-bit needs CUDA: left out)"
+    results: dict[tuple[str, str, str], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
+        work = Path(scratch)
+        for size in options.sizes:
+            model_dir = work / size
+            run_child(options, "build", model_dir, work, "none")
+            for name, quantization in formats.items():
+                for arm in ("rm", "ppo", "generate"):
+                    results[size, name, arm] = run_child(options, arm, model_dir, work / f"{size}-{name}", quantization)
+            if not options.skip_trl and size in ("1B", "tiny"):
+                results[size, "bf16", "trl"] = run_trl(options, model_dir, work / f"{size}-bf16")
+            run_child(options, "remove", model_dir, work, "none")  # 6 GB for the 3B model
+    report(options, results, device, formats)
+
+
+def run_child(options, arm: str, model_dir: Path, workdir: Path, quantization: str) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, __file__, *sys.argv[1:], "--arm", arm, "--model-dir", str(model_dir),
+               "--workdir", str(workdir), "--quantization", quantization]
+    return run_arm(f"{arm} {model_dir.name} {quantization}", command)
+
+
+def child(options) -> dict:
+    model_dir, workdir, quantization = options.model_dir, options.workdir, options.quantization
+    if options.arm == "build":
+        size = model_dir.name
+        build_model(model_dir, SHAPES[size])
+        return {}
+    if options.arm == "remove":
+        import shutil
+
+        shutil.rmtree(model_dir)
+        return {}
+    if options.arm == "rm":
+        return arm_rm(model_dir, workdir / "reward", quantization, options)
+    if options.arm == "ppo":
+        return arm_ppo(model_dir, workdir / "reward", quantization, options)
+    if options.arm == "generate":
+        return arm_generate(model_dir, quantization, options)
+    if options.arm == "trl-setup":
+        return arm_trl_setup(model_dir, workdir / "reward", workdir / "trl")
+    raise SystemExit(f"unknown arm {options.arm}")
+
+
+def run_trl(options, model_dir: Path, workdir: Path) -> dict:
+    """bench_ppo.py's TRL arm, in TRL 1.12.0's environment, on this model with this run's PPO settings."""
+    from bench_ppo import trl_python
+
+    run_child(options, "trl-setup", model_dir, workdir, "none")
+    command = [str(trl_python()), str(ROOT / "scripts" / "bench_ppo.py"), "--arm", "trl", "--workdir", str(workdir / "trl"),
+               "--steps", str(options.steps), "--batch-size", str(options.batch_size), "--minibatch-size", str(options.minibatch_size),
+               "--max-new-tokens", str(options.max_new_tokens), "--seed", "0"]
+    result = run_arm(f"trl {model_dir.name}", command)
+    return result | {"tokens_per_second": result["generated_tokens"] / result["train_seconds"]}
+
+
+def report(options, results: dict, device: str, formats: dict) -> None:
+    def memory(r: dict) -> float:
+        return r["peak_gpu_gb"] if r.get("peak_gpu_gb") is not None else r["peak_gb"]
+
+    memory_kind = "peak GPU GB" if "CPU" not in device else "peak RSS GB"
+    print(f"{device}; PPO: {options.steps} steps of {options.batch_size} responses, minibatch {options.minibatch_size}, "
+          f"{options.max_new_tokens} new tokens; reward model: {options.pairs} pairs, batch {options.rm_batch_size}, "
+          f"max_length {options.rm_max_length}; generation batch {options.generate_batch}")
+    print(f"{'model':6} {'format':6} {'RM pairs/s':>10} {'RM mem':>7} {'PPO tok/s':>9} {'gen share':>9} {'PPO mem':>8} "
+          f"{'gen tok/s':>9} {'raw tok/s':>9} {'gen/raw':>7}   ({memory_kind})")
+    for size in options.sizes:
+        for name in formats:
+            rm, ppo, gen = (results[size, name, arm] for arm in ("rm", "ppo", "generate"))
+            print(f"{size:6} {name:6} {rm['pairs_per_second']:10.2f} {memory(rm):7.2f} {ppo['tokens_per_second']:9.1f} "
+                  f"{ppo['generate_share']:9.0%} {memory(ppo):8.2f} {gen['tokens_per_second']:9.1f} {gen['raw_tokens_per_second']:9.1f} "
+                  f"{gen['tokens_per_second'] / gen['raw_tokens_per_second']:6.2f}x")
+    for size in options.sizes:
+        for name in formats:
+            gen = results[size, name, "generate"]
+            print(f"generation / raw generate, {size} {name}: {gen['tokens_per_second'] / gen['raw_tokens_per_second']:.2f}x (target >= 0.9x)")
+    trl_size = next((s for s in options.sizes if (s, "bf16", "trl") in results), None)
+    if trl_size:
+        ours, trl = results[trl_size, "bf16", "ppo"], results[trl_size, "bf16", "trl"]
+        print(f"TRL 1.12.0 PPOTrainer, {trl_size} bf16: {trl['tokens_per_second']:.1f} tokens/s, {memory(trl):.2f} GB")
+        print(f"PPO throughput tether / TRL, {trl_size} bf16: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
+        print(f"PPO peak memory tether / TRL, {trl_size} bf16: {memory(ours) / memory(trl):.2f}x (target <= 0.7x)")
+    if "4bit" in formats and "3B" in options.sizes:
+        for arm in ("rm", "ppo"):
+            ratio = memory(results["3B", "4bit", arm]) / memory(results["3B", "bf16", arm])
+            print(f"4-bit / bf16 peak memory, 3B {arm}: {ratio:.2f}x (target <= 0.45x)")
+
+
+if __name__ == "__main__":
+    main()
