@@ -53,9 +53,9 @@ FORMATS = {"bf16": "none", "4bit": "4bit"}  # name -> [model] quantization, both
 
 
 def prompts() -> list[list[dict]]:
-    from store.prompt_files import read_prompt_file
-
-    return [p.messages for p in read_prompt_file(PROMPTS_FILE)]
+    # Read directly, not through store/: the store imports duckdb, which a bare GPU machine lacks.
+    rows = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
+    return [row["messages"] if "messages" in row else [{"role": "user", "content": row["prompt"]}] for row in rows]
 
 
 def build_model(path: Path, shape: dict) -> None:
