@@ -6,10 +6,9 @@ runs the same code either way. Processes meet only through torch.distributed's p
 which accelerate sets up: gloo on CPUs, NCCL on GPUs.
 """
 
+import sys
 from functools import cache
 from typing import Sequence, TypeVar
-
-import sys
 
 import torch
 from accelerate import PartialState
