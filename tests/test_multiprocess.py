@@ -16,6 +16,7 @@ import pytest
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings
 from tests.test_reward_jobs import toy_preferences
+from train.jobdir import read_events
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
 from ui.project import load_project
 
@@ -102,6 +103,10 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         made = con.execute("SELECT prompt_id, count(*) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
     assert len(made) == 3 and all(n == 2 for _, n in made)
+    # Only the first process writes events, and its progress speaks for the whole job, not its share.
+    job_dir = max((tiny_project / "jobs").iterdir(), key=lambda d: int(d.name))
+    progress = [e for e in read_events(job_dir, 0)[0] if e["event"] == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == 6 and progress[-1]["progress"] == 1.0
 
 
 def test_more_gpus_than_the_machine_has_is_refused_before_a_job_is_queued(tiny_project, tmp_path):

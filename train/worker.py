@@ -28,6 +28,14 @@ from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
 
 
+def whole_share(events: Events, done: int, share: int, whole: int) -> None:
+    """Progress over the whole job, from this process's share of it; only the first process's is written.
+
+    The shares differ by at most one item, so the first process's fraction stands for every process's.
+    """
+    events.emit("progress", done=round(whole * done / share), total=whole, progress=done / share)
+
+
 def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Sample completions for the frozen prompts; write completions.parquet."""
     from train.generate import PromptTooLong, generate
@@ -42,7 +50,7 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
     events.emit("started", total=len(prompts) * generation.per_prompt)
 
     def progress(done: int, total: int) -> None:
-        events.emit("progress", done=done, total=total, progress=done / total)
+        whole_share(events, done, total, len(prompts) * generation.per_prompt)
 
     try:
         generated = generate(
@@ -114,7 +122,7 @@ def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
     for start in range(0, len(rows), step):
         chunk = rows[start : start + step]
         rewards += reward_model.score([json.loads(r["prompt"]) for r in chunk], [r["text"] for r in chunk], reward.batch_size * 2)
-        events.emit("progress", done=len(rewards), total=len(rows), progress=len(rewards) / len(rows))
+        whole_share(events, len(rewards), len(rows), len(table))
     distributed.report_share(len(rewards), "completions scored")
     scores = distributed.gather([{"completion_id": r["completion_id"], "reward": v} for r, v in zip(rows, rewards)])
     if distributed.is_main():
