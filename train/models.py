@@ -198,7 +198,7 @@ def device(config: ModelConfig) -> torch.device:
 
     Under accelerate launch each process has its own GPU, cuda:LOCAL_RANK; alone it is cuda:0.
     """
-    if config.device == "auto" and not torch.cuda.is_available() or config.device == "cpu":
+    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if config.device in ("auto", "cuda"):
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
