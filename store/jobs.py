@@ -79,12 +79,25 @@ def finish_job(con: Connection, job_id: int, status: str, now: datetime, error: 
     )
 
 
-def fail_interrupted(con: Connection, now: datetime) -> int:
-    """Jobs left running by a process that is gone: failed, since nobody watches their worker."""
+def running_job_ids(con: Connection) -> list[int]:
+    return [row[0] for row in con.execute("SELECT id FROM jobs WHERE status = 'running' ORDER BY id").fetchall()]
+
+
+def fail_interrupted(con: Connection, now: datetime, keep: list[int] | tuple[int, ...] = ()) -> int:
+    """Jobs left running by a process that is gone, all but those in `keep`: failed, since nobody watches their worker."""
     return con.execute(
-        "UPDATE jobs SET status = 'failed', error = 'the process running it stopped', finished_at = ? WHERE status = 'running'",
-        [now],
+        "UPDATE jobs SET status = 'failed', error = 'the process running it stopped', finished_at = ? "
+        "WHERE status = 'running' AND NOT list_contains(?, id)",
+        [now, list(keep)],
     ).fetchone()[0]
+
+
+def registered_adapter_paths(con: Connection) -> set[str]:
+    """Every adapter directory a reward-model or policy version names, relative to the project."""
+    rows = con.execute(
+        "SELECT adapter_path FROM reward_models UNION SELECT adapter_path FROM policies WHERE adapter_path IS NOT NULL"
+    ).fetchall()
+    return {row[0] for row in rows}
 
 
 def cancel_if_queued(con: Connection, job_id: int, now: datetime) -> None:

@@ -26,7 +26,7 @@ from store.db import utcnow
 from store.prompts import import_prompt_file
 from store.queue import QueueError, pairs_left, release_leases, serve, skip
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
-from store.jobs import fail_interrupted, get_job, list_jobs, metric_series
+from store.jobs import get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices, pair_states
 from store.users import User, get_user
@@ -38,6 +38,7 @@ from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.config import write_config
 from ui.project import CONFIG_FILE, Project
+from ui.recovery import reconcile
 from ui.rounds import STAGES, describe, ratings, roll_back, round_history, round_warnings, start_round
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
@@ -91,9 +92,8 @@ class Server:
         released = self.db(release_leases, utcnow())
         if released:
             print(f"released {released} leases left open by the last run")
-        interrupted = self.db(fail_interrupted, utcnow())
-        if interrupted:
-            print(f"marked {interrupted} jobs failed: the last run stopped while they ran")
+        for line in self.db(reconcile, project):
+            print(line)
         if rounds := self.db(fail_interrupted_rounds, utcnow()):
             print(f"marked {rounds} rounds failed: the last run stopped during them")
         self.sign_in = SignInGuard(self._password_hash)

@@ -32,6 +32,7 @@ from ui.auth import MIN_PASSWORD_CHARS, hash_password
 from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
+from ui.recovery import reconcile
 from ui.rounds import STAGES, advance_round, describe, ratings, roll_back, round_history, round_summary, round_warnings, start_round
 
 
@@ -149,7 +150,9 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
 
 
 def run_with_bar(project: Project, job: Job, label: str) -> Job:
-    """Run a job's worker here, with a progress bar."""
+    """Run a job's worker here, with a progress bar, after setting right what a process that died left."""
+    for line in project.run(reconcile, project):
+        click.echo(line, err=True)
     with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
         return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
 

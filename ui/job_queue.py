@@ -4,14 +4,17 @@ It advances rounds as their jobs finish, and starts a round by itself when the s
 tether.toml ([round] every_comparisons) says one is due.
 """
 
+import sys
 import threading
+import traceback
 from typing import Any
 
 from store import StoreError
 from store.db import utcnow
-from store.jobs import cancel_if_queued, next_queued
+from store.jobs import cancel_if_queued, finish_job, get_job, next_queued
 from store.rounds import scheduled_round_due
-from ui.jobs import POLL_SECONDS, Run, run_job
+from train.jobdir import log_tail
+from ui.jobs import POLL_SECONDS, Run, job_dir, run_job
 from ui.project import Project
 from ui.rounds import advance_round, start_round
 
@@ -41,26 +44,39 @@ class JobQueue:
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            job = self.run(next_queued)
-            if job is None:
-                if self.run(scheduled_round_due, self.project.config.round.every_comparisons):
-                    try:
-                        start_round(self.project, self.run)
-                    except StoreError:
-                        pass  # the round is recorded as failed, with the reason
-                    continue
+            try:
+                self._run_next()
+            except Exception:  # a fault outside any one job (the database, the scheduler): report it, and go on
+                print(f"the job runner met an error and goes on:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
                 self.stopping.wait(POLL_SECONDS)
-                continue
 
-            def remember(event: dict[str, Any], job_id: int = job.id) -> None:
-                self.latest_progress[job_id] = event
-
-            job = run_job(self.project, self.run, job, cancelled=lambda: self._stop_reason(job.id), on_progress=remember)
-            if job.round is not None:
+    def _run_next(self) -> None:
+        job = self.run(next_queued)
+        if job is None:
+            if self.run(scheduled_round_due, self.project.config.round.every_comparisons):
                 try:
-                    advance_round(self.project, self.run, job)
+                    start_round(self.project, self.run)
                 except StoreError:
-                    pass  # advance_round has recorded why the round failed, for the operator to see
+                    pass  # the round is recorded as failed, with the reason
+                return
+            self.stopping.wait(POLL_SECONDS)
+            return
+
+        def remember(event: dict[str, Any], job_id: int = job.id) -> None:
+            self.latest_progress[job_id] = event
+
+        try:
+            job = run_job(self.project, self.run, job, cancelled=lambda: self._stop_reason(job.id), on_progress=remember)
+        except Exception as e:  # a corrupt events line, a missing job directory, a failed ingest: this job fails, not the runner
+            print(f"job {job.id} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            error = f"{type(e).__name__}: {' '.join(str(e).split())}"
+            self.run(finish_job, job.id, "failed", utcnow(), f"{error}\n{log_tail(job_dir(self.project, job.id))}".strip())
+            job = self.run(get_job, job.id)
+        if job.round is not None:
+            try:
+                advance_round(self.project, self.run, job)
+            except StoreError:
+                pass  # advance_round has recorded why the round failed, for the operator to see
 
     def _stop_reason(self, job_id: int) -> str | None:
         if job_id in self.cancel_requested:

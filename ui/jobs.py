@@ -40,6 +40,7 @@ from store.reward_models import (
 from train.config import RewardModelConfig
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
 from ui.project import Project
+from ui.recovery import record_worker, register_adapter
 
 Run = Callable[..., Any]
 POLL_SECONDS = 0.5
@@ -270,20 +271,20 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
     """Register the trained adapter as the next reward-model version, with its snapshot and metrics."""
     version = next_reward_model_version(con)
     target = Path("reward_models") / f"v{version}"
-    (project.root / target).parent.mkdir(exist_ok=True)
-    # Moved before the transaction: a failed insert leaves an unregistered directory, never a
-    # registered version without its files.
-    (directory / result["adapter"]).rename(project.root / target)
     metrics = result["metrics"]
     steps = [e for e in read_events(directory, 0)[0] if "loss" in e]
-    with transaction(con):
-        add_reward_model(con, version, read_job(directory)["inputs"]["preferences"], str(target), {**metrics, "job": job.id})
+    snapshot = read_job(directory)["inputs"]["preferences"]
+
+    def add_rows() -> None:
+        add_reward_model(con, version, snapshot, str(target), {**metrics, "job": job.id})
         if job.round is not None:
             set_reward_version(con, job.round, version)
         for event in steps:
             add_metrics(con, job.id, event["step"], {"loss": event["loss"], "train_accuracy": event["accuracy"]})
         add_metrics(con, job.id, metrics.get("steps", 0), {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         finish_job(con, job.id, "done", utcnow())
+
+    register_adapter(con, project, job, directory / result["adapter"], target, add_rows)
 
 
 def ingest_scores(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
@@ -319,20 +320,24 @@ def run_job(
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
             env=os.environ | {"PYTHONSAFEPATH": "1"},
         )
-    offset = 0
-    while worker.poll() is None:
-        time.sleep(POLL_SECONDS)
-        events, offset = read_events(directory, offset)
-        progress = [e for e in events if "progress" in e]
-        if progress:
-            run(set_progress, job.id, progress[-1]["progress"])
-            if on_progress:
-                on_progress(progress[-1])
-        if reason := cancelled():
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-            run(finish_job, job.id, "cancelled", utcnow(), reason)
-            return run(get_job, job.id)
+    try:
+        record_worker(directory, worker.pid)
+        offset = 0
+        while worker.poll() is None:
+            time.sleep(POLL_SECONDS)
+            events, offset = read_events(directory, offset)
+            progress = [e for e in events if "progress" in e]
+            if progress:
+                run(set_progress, job.id, progress[-1]["progress"])
+                if on_progress:
+                    on_progress(progress[-1])
+            if reason := cancelled():
+                _stop(worker)
+                run(finish_job, job.id, "cancelled", utcnow(), reason)
+                return run(get_job, job.id)
+    except BaseException:  # whoever catches this fails the job: its worker must not run on unwatched
+        _stop(worker)
+        raise
     result = read_result(directory)
     if worker.returncode == 0 and result is not None:
         run(INGESTERS[job.kind], job, directory, result, project)
@@ -345,15 +350,25 @@ def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any
     """Register the trained policy adapter as the next policy version, with its per-step statistics."""
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
-    (project.root / target).parent.mkdir(exist_ok=True)
-    (directory / result["adapter"]).rename(project.root / target)  # as for reward models: files first, then the rows
-    with transaction(con):
+
+    def add_rows() -> None:
         add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round)
         if job.round is not None:
             set_policy_to(con, job.round, version)
         for stats in result["steps"]:
             add_metrics(con, job.id, stats["step"], {k: float(v) for k, v in stats.items() if k != "step"})
         finish_job(con, job.id, "done", utcnow())
+
+    register_adapter(con, project, job, directory / result["adapter"], target, add_rows)
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    """Kill the worker and whatever it started (accelerate's processes), and reap it."""
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group has exited already
+        pass
+    worker.wait()
 
 
 WORKER_NICENESS = 10

@@ -1,0 +1,150 @@
+"""Faults in jobs and crashes during registration: the runner goes on, and disk and database agree after a restart.
+
+The kill tests run the real `tether rm train` / `tether ppo` with TETHER_TEST_KILL_AT naming an
+ingest step, where the process kills itself as kill -9 would; the next command is the restart.
+"""
+
+import shutil
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from store import open_database
+from store.jobs import get_job
+from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
+from tests.test_reward_jobs import toy_preferences
+from ui.app import Server
+from ui.jobs import job_dir, submit_reward_training
+from ui.project import load_project
+from ui.recovery import INTENT_FILE, KILL_AT_ENV
+
+INGEST_STEPS = ["after_intent", "after_rename", "before_commit", "after_commit"]
+
+
+@pytest.fixture
+def project(tiny_project, tmp_path) -> Path:
+    """The tiny project with 40 imported comparisons, a reward model that trains in seconds, from scratch each time."""
+    set_settings(tiny_project, "reward_model", epochs=1, warm_start=False, include_imported=True)
+    set_settings(tiny_project, "ppo", steps=1, batch_size=4, minibatch_size=2, epochs=1)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
+    return tiny_project
+
+
+def rows(project: Path, sql: str) -> list[tuple]:
+    with closing(open_database(project / "tether.duckdb")) as con:
+        return con.execute(sql).fetchall()
+
+
+def assert_consistent(project: Path) -> None:
+    """Every registered adapter is on disk, every version directory is registered, and no registration is half done."""
+    registered = {path for (path,) in rows(project, "SELECT adapter_path FROM reward_models UNION "
+                                                    "SELECT adapter_path FROM policies WHERE adapter_path IS NOT NULL")}
+    on_disk = {str(p.relative_to(project)) for kind in ("reward_models", "policies") for p in (project / kind).glob("v*/")}
+    assert registered == on_disk
+    assert all((project / path / "adapter_config.json").exists() for path in registered)
+    assert not list(project.glob(f"jobs/*/{INTENT_FILE}"))
+    assert rows(project, "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')") == [(0,)]
+
+
+@pytest.mark.parametrize("step", INGEST_STEPS)
+def test_killed_at_each_step_of_registering_a_reward_model_the_restart_leaves_one_consistent_state(project, step):
+    killed = run_tether("rm", "train", "--project", str(project), env={KILL_AT_ENV: step})
+    assert killed.returncode == -9, killed.stderr
+
+    restarted = run_tether("rm", "train", "--project", str(project))
+    assert restarted.returncode == 0, restarted.stderr
+    assert_consistent(project)
+    jobs = rows(project, "SELECT id, status FROM jobs ORDER BY id")
+    versions = rows(project, "SELECT version, metrics->>'job' FROM reward_models ORDER BY version")
+    if step == "after_commit":  # the row was the commit point: the first job's version stands
+        assert jobs == [(1, "done"), (2, "done")] and versions == [(1, "1"), (2, "2")]
+    else:  # nothing was registered; the next job takes the next free number
+        assert jobs == [(1, "failed"), (2, "done")] and versions == [(1, "2")]
+    set_aside = project / "jobs" / "1" / "orphaned" / "reward_models-v1"
+    if step in ("after_rename", "before_commit"):  # the adapter had moved: it is set aside, not deleted
+        assert (set_aside / "adapter_config.json").exists()
+        assert "reward_models/v1 was moved to jobs/1/orphaned/reward_models-v1" in restarted.stderr
+    else:
+        assert not set_aside.exists()
+
+
+def test_killed_while_registering_a_policy_the_restart_sets_it_aside_and_the_next_ppo_registers_v1(project):
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(project), check=True)
+    assert run_tether("rm", "train", "--project", str(project)).returncode == 0
+    killed = run_tether("ppo", "--project", str(project), env={KILL_AT_ENV: "after_rename"})
+    assert killed.returncode == -9, killed.stderr
+
+    restarted = run_tether("ppo", "--project", str(project))
+    assert restarted.returncode == 0, restarted.stderr
+    assert_consistent(project)
+    assert rows(project, "SELECT version, adapter_path FROM policies ORDER BY version") == [(0, None), (1, "policies/v1")]
+    assert (project / "jobs" / "2" / "orphaned" / "policies-v1" / "adapter_config.json").exists()
+
+
+def test_a_version_directory_nobody_registered_is_set_aside_not_overwritten(project):
+    stray = project / "reward_models" / "v1"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("left by hand")
+    trained = run_tether("rm", "train", "--project", str(project))
+    assert trained.returncode == 0, trained.stderr
+    assert "reward_models/v1 is not a registered version: moved to jobs/orphaned/reward_models-v1" in trained.stderr
+    assert (project / "jobs" / "orphaned" / "reward_models-v1" / "notes.txt").read_text() == "left by hand"
+    assert (project / "reward_models" / "v1" / "adapter_config.json").exists()
+    assert_consistent(project)
+
+
+# The app's job runner: a fault in one job fails that job, with its error, and the runner goes on.
+
+
+def wait_for_job(server: Server, job_id: int, timeout: float = 300) -> tuple[str, str | None]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = server.db(get_job, job_id)
+        if job.status in ("done", "failed", "cancelled"):
+            return job.status, job.error
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+
+
+def queue_reward_training(project_dir: Path) -> tuple[int, Path]:
+    project = load_project(project_dir)
+    job = submit_reward_training(project, project.run)
+    return job.id, job_dir(project, job.id)
+
+
+def break_events(directory: Path) -> None:
+    (directory / "events.jsonl").write_text('{"event": "progress", "progress": 0.\n')
+
+
+def remove_directory(directory: Path) -> None:
+    shutil.rmtree(directory)
+
+
+def block_reward_models(directory: Path) -> None:
+    (directory.parent.parent / "reward_models").write_text("a file where the versions' directory must go")
+
+
+@pytest.mark.parametrize("fault, error", [
+    (break_events, "JSONDecodeError"),
+    (remove_directory, "FileNotFoundError"),
+    (block_reward_models, "FileExistsError"),  # raised by the ingest, after the worker succeeded
+])
+def test_a_fault_in_a_job_fails_that_job_and_the_runner_registers_the_next(project, fault, error, capsys):
+    broken, directory = queue_reward_training(project)
+    fault(directory)
+    server = Server(load_project(project))
+    try:
+        status, message = wait_for_job(server, broken)
+        assert status == "failed" and message.startswith(error), message
+        assert server.jobs.thread.is_alive()
+        if fault is block_reward_models:
+            (project / "reward_models").unlink()
+        following = submit_reward_training(server.project, server.db).id
+        assert wait_for_job(server, following) == ("done", None)
+    finally:
+        server.close()
+    assert rows(project, "SELECT version, metrics->>'job' FROM reward_models") == [(1, str(following))]
+    assert f"job {broken} failed:" in capsys.readouterr().err
+    assert_consistent(project)

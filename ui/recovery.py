@@ -1,0 +1,125 @@
+"""Registering a trained adapter so that a crash at any instant leaves disk and database in
+agreement, and putting them back in agreement when a process died anyway.
+
+A version is registered in three steps: an intent file in the job directory names the version
+directory to be; the adapter is renamed into it; one transaction writes the version's row and
+marks the job done. The row is the commit point. `reconcile`, run when the app starts and before
+the CLI runs a job, reads the intent files: a version directory whose row never came is set
+aside under `jobs/ID/orphaned/`, never deleted, and the job is failed. Nothing else is needed,
+since the version number is chosen afresh from the rows at the next ingest.
+"""
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Callable
+
+from store import Connection, transaction
+from store.db import utcnow
+from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
+from ui.project import Project
+
+INTENT_FILE = "registering.json"
+WORKER_PID_FILE = "worker.pid"
+ORPHANED_DIR = "orphaned"
+VERSION_DIRS = ("reward_models", "policies")
+# Set only by the fault-injection tests: the name of an ingest step at which this process kills itself.
+KILL_AT_ENV = "TETHER_TEST_KILL_AT"
+
+
+def fault_point(step: str) -> None:
+    """Die here, as by kill -9, when a test asks for this step; otherwise nothing."""
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def register_adapter(con: Connection, project: Project, job: Job, adapter: Path, target: Path, add_rows: Callable[[], None]) -> None:
+    """Move the job's trained adapter to `target` (relative to the project) and run add_rows in
+    one transaction with it; after a crash, `reconcile` finds what was left half done."""
+    job_dir = adapter.parent
+    final = project.root / target
+    final.parent.mkdir(exist_ok=True)
+    if final.exists():  # an unregistered leftover that reconcile has not seen yet: never overwritten
+        set_aside(final, job_dir)
+    _write_durably(job_dir / INTENT_FILE, json.dumps({"target": str(target)}))
+    fault_point("after_intent")
+    adapter.rename(final)
+    _sync_directory(final.parent)
+    fault_point("after_rename")
+    with transaction(con):
+        add_rows()
+        fault_point("before_commit")
+    fault_point("after_commit")
+    (job_dir / INTENT_FILE).unlink()
+
+
+def reconcile(con: Connection, project: Project) -> list[str]:
+    """Put disk and database back in agreement after a crash; one line for each thing done or found."""
+    report = []
+    registered = registered_adapter_paths(con)
+    jobs_root = project.root / "jobs"
+    for intent in sorted(jobs_root.glob(f"*/{INTENT_FILE}")):
+        target = json.loads(intent.read_text())["target"]
+        if target not in registered and (project.root / target).exists():
+            moved = set_aside(project.root / target, intent.parent)
+            report.append(f"{target} was moved to {moved.relative_to(project.root)}: job {intent.parent.name} "
+                          "stopped before registering it")
+        intent.unlink()
+    for kind in VERSION_DIRS:
+        for path in sorted((project.root / kind).glob("v*/")):
+            relative = str(path.relative_to(project.root))
+            if relative not in registered:  # not from an ingest that wrote an intent: which job made it is unknown
+                moved = set_aside(path, jobs_root)
+                report.append(f"{relative} is not a registered version: moved to {moved.relative_to(project.root)}")
+    for relative in sorted(registered):
+        if not (project.root / relative).exists():
+            report.append(f"{relative} is registered but missing from disk: restore it from a backup")
+    alive = [job_id for job_id in running_job_ids(con) if worker_alive(jobs_root / str(job_id))]
+    if failed := fail_interrupted(con, utcnow(), keep=alive):
+        report.append(f"marked {failed} jobs failed: the process running them stopped")
+    return report
+
+
+def set_aside(path: Path, job_dir: Path) -> Path:
+    """Move a directory under job_dir/orphaned/, keeping its kind and name; never onto another."""
+    shelf = job_dir / ORPHANED_DIR
+    shelf.mkdir(parents=True, exist_ok=True)
+    destination = shelf / f"{path.parent.name}-{path.name}"
+    suffix = 1
+    while destination.exists():
+        suffix += 1
+        destination = shelf / f"{path.parent.name}-{path.name}-{suffix}"
+    path.rename(destination)
+    return destination
+
+
+def record_worker(job_dir: Path, pid: int) -> None:
+    (job_dir / WORKER_PID_FILE).write_text(str(pid))
+
+
+def worker_alive(job_dir: Path) -> bool:
+    """Whether the worker this job directory records still runs (its command line names the directory)."""
+    try:
+        pid = int((job_dir / WORKER_PID_FILE).read_text())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return str(job_dir).encode() in command
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_directory(path.parent)
+
+
+def _sync_directory(path: Path) -> None:
+    """Make a rename or a new file in `path` survive a power cut, not only a killed process."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
