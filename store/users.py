@@ -25,3 +25,7 @@ def add_user(con: Connection, name: str, role: str, password_hash: str) -> None:
 def get_user(con: Connection, name: str) -> User | None:
     row = con.execute("SELECT name, role, password_hash FROM users WHERE name = ?", [name]).fetchone()
     return User(*row) if row else None
+
+
+def set_password_hash(con: Connection, name: str, password_hash: str) -> None:
+    con.execute("UPDATE users SET password_hash = ? WHERE name = ?", [password_hash, name])

@@ -1,13 +1,15 @@
 import asyncio
+import hashlib
 import time
 from contextlib import closing
 
+import httpx
 import pytest
 
 from store import open_database
-from store.users import get_user
-from tests.conftest import run_tether
-from ui.auth import SignInGuard, hash_password, verify_password
+from store.users import add_user, get_user
+from tests.conftest import RunningServer, run_tether, set_settings
+from ui.auth import SignInGuard, SignInLimits, hash_password, is_outdated, verify_password
 
 
 def test_users_add_reads_the_password_from_stdin_or_a_file_and_stores_a_salted_hash(tiny_project, tmp_path):
@@ -36,21 +38,61 @@ def test_users_add_refuses_bad_input(tiny_project, args, password, message):
     assert result.returncode != 0 and message in result.stderr
 
 
-def test_failed_sign_ins_wait_longer_each_time_and_success_resets():
-    stored = {"alice": hash_password("right password")}
-    guard = SignInGuard(stored.get)
+def sign_in(url: str, name: str, password: str) -> int:
+    return httpx.post(url + "login", data={"username": name, "password": password}).status_code
 
-    def attempt(name, password):
-        start = time.monotonic()
-        ok = asyncio.run(guard.check(name, password))
-        return ok, time.monotonic() - start
 
-    assert attempt("alice", "right password")[0] is True
-    waits = [attempt("alice", "wrong") for _ in range(3)]
-    assert [ok for ok, _ in waits] == [False] * 3
-    assert [waited >= floor for (_, waited), floor in zip(waits, [1, 2, 4])] == [True] * 3
-    assert guard.failures["alice"] == 3
-    assert attempt("alice", "right password")[0] is True
-    assert "alice" not in guard.failures  # a success starts the count again
-    ok, waited = attempt("nobody", "whatever")
-    assert ok is False and waited >= 1
+def test_200_parallel_guesses_cost_at_most_the_limits_hashes_and_the_right_password_works_after_the_lockout(tiny_project):
+    set_settings(tiny_project, "server", sign_in_attempts=5, lockout_seconds=4, max_lockout_seconds=4)
+    run_tether("users", "add", "alice", "--role", "annotator", "--project", str(tiny_project), input="right password\n", check=True)
+    server = RunningServer(tiny_project)
+    try:
+        async def guess(client: httpx.AsyncClient, i: int) -> int:
+            response = await client.post(server.url + "login", data={"username": "alice", "password": f"guess {i}"})
+            return response.status_code
+
+        async def attack() -> list[int]:
+            async with httpx.AsyncClient(limits=httpx.Limits(max_connections=50), timeout=60) as client:
+                return await asyncio.gather(*(guess(client, i) for i in range(200)))
+
+        started = time.monotonic()
+        statuses = asyncio.run(attack())
+        attack_seconds = time.monotonic() - started
+        locked_out = sign_in(server.url, "alice", "right password")
+        time.sleep(4.5)
+        after_lockout = sign_in(server.url, "alice", "right password")
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    checked = log.count("sign-in failed for 'alice' from 127.0.0.1 (password checked)")
+    refused = log.count("sign-in refused for 'alice' from 127.0.0.1: locked out")
+    print(f"200 guesses from 50 connections in {attack_seconds:.1f} s: {checked} passwords hashed, {refused} refused unhashed")
+    assert statuses == [400] * 200
+    assert checked == 5  # the limit, however many arrive at once
+    assert refused == 200 - checked + 1  # the rest, and the right password during the lockout, never reached scrypt
+    assert (locked_out, after_lockout) == (400, 200)
+
+
+def test_an_old_hash_is_replaced_by_one_at_the_current_parameters_at_the_next_good_sign_in(tiny_project):
+    salt = bytes(16)
+    old = f"scrypt${2**14}$8$1${salt.hex()}${hashlib.scrypt(b'right password', salt=salt, n=2**14, r=8, p=1).hex()}"
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        add_user(con, "bob", "annotator", old)
+    assert is_outdated(old) and verify_password("right password", old)
+    server = RunningServer(tiny_project)
+    try:
+        assert sign_in(server.url, "bob", "right password") == 200
+    finally:
+        server.stop()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        upgraded = get_user(con, "bob").password_hash
+    assert upgraded.startswith(f"scrypt${2**17}$8$1$") and not is_outdated(upgraded)
+    assert verify_password("right password", upgraded)
+
+
+def test_the_tables_of_failures_stay_bounded_and_forget_the_least_recent_first():
+    guard = SignInGuard(lambda name: None, lambda name, stored: None, SignInLimits(tracked=3))
+    for i in range(10):
+        guard.addresses.begin(f"10.0.0.{i}")
+        guard.addresses.end(f"10.0.0.{i}", failed=True)
+    assert list(guard.addresses.records) == ["10.0.0.7", "10.0.0.8", "10.0.0.9"]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 import pandas as pd
+from starlette.middleware import Middleware
 
 from annotate.agreement import fleiss_kappa, percent_agreement
 from annotate.export import export_preferences
@@ -29,11 +30,11 @@ from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, 
 from store.jobs import get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices, pair_states
-from store.users import User, get_user
+from store.users import User, get_user, set_password_hash
 from store.votes import record_vote, votes_since
 from train.errors import ModelError
 from train.jobdir import log_tail, read_events
-from ui.auth import SignInGuard
+from ui.auth import ClientAddress, SignInGuard
 from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.config import write_config
@@ -96,7 +97,7 @@ class Server:
             print(line)
         if rounds := self.db(fail_interrupted_rounds, utcnow()):
             print(f"marked {rounds} rounds failed: the last run stopped during them")
-        self.sign_in = SignInGuard(self._password_hash)
+        self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.jobs = JobQueue(project, self.db)
         self.jobs.start()
 
@@ -108,6 +109,9 @@ class Server:
     def _password_hash(self, name: str) -> str | None:
         user = self.db(get_user, name)
         return user.password_hash if user else None
+
+    def _replace_hash(self, name: str, password_hash: str) -> None:
+        self.db(set_password_hash, name, password_hash)
 
     def user(self, request: gr.Request) -> User:
         """The signed-in user, checked on the server for every call."""
@@ -615,6 +619,7 @@ def run(project: Project, host: str, port: int) -> None:
         app.launch(
             server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
             footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
+            app_kwargs={"middleware": [Middleware(ClientAddress)]},
         )
     finally:
         server.close()

@@ -1,19 +1,26 @@
-"""Passwords (salted scrypt) and sign-in that slows down after failures."""
+"""Passwords (salted scrypt) and sign-in limits that hold when guesses come in parallel."""
 
 import asyncio
+import contextvars
 import hashlib
 import hmac
 import secrets
+import sys
+import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 
-# scrypt parameters as OWASP recommends for interactive logins: 16 MiB, about 50 ms.
-_N, _R, _P = 2**14, 8, 1
+# OWASP's scrypt parameters for passwords (N = 2^17, r = 8, p = 1): 128 MiB and a few hundred ms a hash.
+_N, _R, _P = 2**17, 8, 1
+_MAX_MEMORY = 2 * 128 * _R * _N  # hashlib refuses above 32 MiB unless told
 MIN_PASSWORD_CHARS = 8
 
 
 def hash_password(password: str) -> str:
     salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=_N, r=_R, p=_P)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=_N, r=_R, p=_P, maxmem=_MAX_MEMORY)
     return f"scrypt${_N}${_R}${_P}${salt.hex()}${digest.hex()}"
 
 
@@ -24,35 +31,155 @@ def verify_password(password: str, stored: str) -> bool:
         return False
     if scheme != "scrypt":
         return False
-    candidate = hashlib.scrypt(password.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r), p=int(p))
+    n, r, p = int(n), int(r), int(p)
+    candidate = hashlib.scrypt(password.encode(), salt=bytes.fromhex(salt), n=n, r=r, p=p, maxmem=max(_MAX_MEMORY, 2 * 128 * r * n))
     return hmac.compare_digest(candidate, bytes.fromhex(digest))
 
 
-class SignInGuard:
-    """Checks passwords, making each failed attempt on a name wait longer than the last.
+def is_outdated(stored: str) -> bool:
+    """Whether a hash was made with other parameters than hash_password's: it is replaced at the next good sign-in."""
+    return stored.split("$")[1:4] != [str(_N), str(_R), str(_P)]
 
-    The wait is per name and doubles from one second up to 30, so guessing a password costs
-    hours, while a person who mistypes once barely notices. A success resets it.
+
+@cache
+def _dummy_hash() -> str:
+    """Unknown names are checked against this, so they take as long as wrong passwords."""
+    return hash_password(secrets.token_urlsafe(16))
+
+
+# The caller's address, which Gradio does not pass to its auth function; set by ClientAddress.
+client_address: contextvars.ContextVar[str] = contextvars.ContextVar("client_address", default="unknown")
+
+
+class ClientAddress:
+    """ASGI middleware that records each request's client address for the sign-in limits.
+
+    Behind a reverse proxy on the same machine, uvicorn has already put the X-Forwarded-For
+    address in its place (FORWARDED_ALLOW_IPS says which proxies it trusts).
     """
 
-    def __init__(self, password_hash_of: Callable[[str], str | None], max_delay: float = 30.0):
-        self.password_hash_of = password_hash_of
-        self.max_delay = max_delay
-        self.failures: dict[str, int] = {}
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("client"):
+            client_address.set(scope["client"][0])
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class SignInLimits:
+    per_account: int = 5  # failed sign-ins on one account before it is locked
+    per_address: int = 50  # failed sign-ins from one client address, on any accounts, before it is locked
+    lockout_seconds: float = 60.0  # the first lockout; each next one of the same account or address doubles
+    max_lockout_seconds: float = 900.0
+    tracked: int = 10_000  # accounts and addresses remembered of each; the least recently failed are forgotten first
+
+
+@dataclass
+class _Record:
+    failures: int = 0
+    checking: int = 0  # attempts whose password is being hashed now
+    lockouts: int = 0
+    locked_until: float = 0.0
+    last_failure: float = 0.0
+
+
+class _Counter:
+    """Failed sign-ins per key (an account name or a client address), in a table of bounded size."""
+
+    def __init__(self, limit: int, limits: SignInLimits, clock: Callable[[], float]):
+        self.limit, self.limits, self.clock = limit, limits, clock
+        self.records: OrderedDict[str, _Record] = OrderedDict()
+
+    def locked_for(self, key: str) -> float:
+        """Seconds until `key` may try again; 0 when it may now."""
+        record = self.records.get(key)
+        if record is None:
+            return 0.0
+        now = self.clock()
+        if now < record.locked_until:
+            return record.locked_until - now
+        if record.failures and now - record.last_failure > self.limits.max_lockout_seconds:
+            record.failures = 0  # old mistakes are forgiven
+        # Attempts still being checked count already, so parallel guesses cannot pass the limit.
+        return self.limits.lockout_seconds if record.failures + record.checking >= self.limit else 0.0
+
+    def begin(self, key: str) -> None:
+        self._record(key).checking += 1
+
+    def end(self, key: str, failed: bool) -> None:
+        record = self._record(key)
+        record.checking = max(0, record.checking - 1)  # its record may have been forgotten meanwhile
+        if not failed:
+            return
+        record.failures += 1
+        record.last_failure = self.clock()
+        if record.failures >= self.limit:
+            record.lockouts += 1
+            record.locked_until = record.last_failure + min(
+                self.limits.lockout_seconds * 2 ** (record.lockouts - 1), self.limits.max_lockout_seconds
+            )
+            record.failures = 0
+
+    def forget(self, key: str) -> None:
+        record = self.records.get(key)
+        if record is not None and record.checking == 0:
+            del self.records[key]
+
+    def _record(self, key: str) -> _Record:
+        record = self.records.pop(key, None) or _Record()
+        self.records[key] = record  # the most recently used last
+        while len(self.records) > self.limits.tracked:
+            self.records.popitem(last=False)
+        return record
+
+
+class SignInGuard:
+    """Checks passwords, refusing at once and without hashing while an account or an address is locked out.
+
+    Each attempt is counted before its password is hashed, so guesses sent in parallel are held
+    to the same limits as guesses sent one by one: at most `per_account` hashes per account per
+    lockout. Every attempt is logged with its account, address and outcome.
+    """
+
+    def __init__(
+        self,
+        password_hash_of: Callable[[str], str | None],
+        replace_hash: Callable[[str, str], None],
+        limits: SignInLimits,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.password_hash_of, self.replace_hash, self.limits = password_hash_of, replace_hash, limits
+        self.accounts = _Counter(limits.per_account, limits, clock)
+        self.addresses = _Counter(limits.per_address, limits, clock)
 
     async def check(self, name: str, password: str) -> bool:
         # A plain `async def` method: Gradio awaits auth only when inspect.iscoroutinefunction says so.
-        # Run on Gradio's event loop, so hashing and waiting go elsewhere and block no one.
-        stored = await asyncio.to_thread(self.password_hash_of, name)
-        ok = await asyncio.to_thread(verify_password, password, stored or _DUMMY_HASH)
-        if ok and stored is not None:
-            self.failures.pop(name, None)
-            return True
-        failures = self.failures.get(name, 0)
-        self.failures[name] = failures + 1
-        await asyncio.sleep(min(2.0**failures, self.max_delay))
-        return False
+        # Everything up to the first await runs at once on Gradio's one event loop, so counting is
+        # race-free; hashing goes to a thread and blocks no one.
+        address = client_address.get()
+        wait = max(self.accounts.locked_for(name), self.addresses.locked_for(address))
+        if wait:
+            _log(f"sign-in refused for {name!r} from {address}: locked out for {wait:.0f} s more (no password checked)")
+            return False
+        self.accounts.begin(name)
+        self.addresses.begin(address)
+        ok = False
+        try:
+            stored = await asyncio.to_thread(self.password_hash_of, name)
+            ok = await asyncio.to_thread(verify_password, password, stored or _dummy_hash()) and stored is not None
+        finally:
+            self.accounts.end(name, failed=not ok)
+            self.addresses.end(address, failed=not ok)
+        if not ok:
+            _log(f"sign-in failed for {name!r} from {address} (password checked)")
+            return False
+        self.accounts.forget(name)
+        if is_outdated(stored):
+            await asyncio.to_thread(self.replace_hash, name, await asyncio.to_thread(hash_password, password))
+        return True
 
 
-# Unknown names are checked against this, so they take as long as wrong passwords.
-_DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

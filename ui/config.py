@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from annotate.queue import QueueConfig
+from ui.auth import SignInLimits
 from train.config import GenerationConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
@@ -28,6 +29,31 @@ class ConfigError(Exception):
 @dataclass
 class ServerConfig:
     guidelines: str = field(default=DEFAULT_GUIDELINES, metadata={"help": "Annotation guidelines shown to annotators (Markdown)."})
+    sign_in_attempts: int = field(
+        default=5,
+        metadata={"help": "Failed sign-ins on one account before it is locked out. Attempts are counted before the password "
+                          "is checked, so guesses sent in parallel meet the same limit."},
+    )
+    sign_in_attempts_per_address: int = field(
+        default=50, metadata={"help": "Failed sign-ins from one client address, on any accounts, before the address is locked out."},
+    )
+    lockout_seconds: float = field(
+        default=60.0,
+        metadata={"help": "How long the first lockout lasts; each next one of the same account or address doubles, up to "
+                          "max_lockout_seconds. A locked-out attempt is refused at once, without checking the password."},
+    )
+    max_lockout_seconds: float = field(default=900.0, metadata={"help": "The longest lockout."})
+
+    def __post_init__(self):
+        for name in ("sign_in_attempts", "sign_in_attempts_per_address"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if not 0 < self.lockout_seconds <= self.max_lockout_seconds:
+            raise ValueError(f"lockout_seconds must be over 0 and at most max_lockout_seconds, got {self.lockout_seconds}")
+
+    def sign_in_limits(self) -> SignInLimits:
+        return SignInLimits(per_account=self.sign_in_attempts, per_address=self.sign_in_attempts_per_address,
+                            lockout_seconds=self.lockout_seconds, max_lockout_seconds=self.max_lockout_seconds)
 
 
 @dataclass
