@@ -1,1 +1,1 @@
-"""What annotators see next: pair building, and (later) assignment, overlap and agreement."""
+"""The annotation side: building pairs, the queue's settings, agreement, ratings, export, and simulated annotators with their judges."""
