@@ -28,8 +28,10 @@ class Annotator(threading.Thread):
 
     def run(self):
         try:
-            client = Client(self.url, auth=(self.name, PASSWORD), verbose=False)
-            self.start_together.wait()
+            # Sixteen scrypt sign-ins at once (128 MiB, about 0.55 s each) take seconds on 2 cores:
+            # more than httpx's default 5 s timeout.
+            client = Client(self.url, auth=(self.name, PASSWORD), verbose=False, httpx_kwargs={"timeout": 60})
+            self.start_together.wait(timeout=120)  # a sign-in that failed breaks the barrier for all, at once
             token = client.predict(api_name="/next_pair")[0]
             while token and len(self.acknowledged) < self.votes:
                 self.unanswered = token

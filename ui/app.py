@@ -5,12 +5,17 @@ which serialises them on one connection. Handlers come first, the layout after t
 """
 
 import dataclasses
+import functools
 import html
 import json
+import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import threading
+import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +102,7 @@ class Server:
             print(line)
         if rounds := self.db(fail_interrupted_rounds, utcnow()):
             print(f"marked {rounds} rounds failed: the last run stopped during them")
+        self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.jobs = JobQueue(project, self.db)
         self.jobs.start()
@@ -128,8 +134,17 @@ class Server:
 
     def close(self) -> None:
         self.jobs.stop()
+        shutil.rmtree(self.exports, ignore_errors=True)
         with self.lock:
             self.con.close()
+
+    def export_folder(self) -> Path:
+        """A new folder for one export, after removing those older than [server] export_seconds."""
+        oldest = time.time() - self.project.config.server.export_seconds
+        for folder in self.exports.iterdir():
+            if folder.stat().st_mtime < oldest:
+                shutil.rmtree(folder, ignore_errors=True)
+        return Path(tempfile.mkdtemp(dir=self.exports))
 
 
 # ---- rendering: everything from prompts, models and people is escaped ----
@@ -163,6 +178,32 @@ class AnnotateView:
         return self.token, self.prompt, self.left, self.right, self.progress, self.message, None, ""
 
 
+def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """An unexpected error reaches the user as a short message with an id; its details go to the server log under that id."""
+
+    @functools.wraps(handler)  # Gradio reads the handler's signature for its gr.Request parameter
+    def reported(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception:
+            error_id = secrets.token_hex(4)
+            print(f"error {error_id} in {handler.__name__}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            raise gr.Error(f"Something went wrong on the server (error {error_id}). Try again; if it goes on, "
+                           "give your operator this error id.") from None
+
+    return reported
+
+
+def _report_unexpected_errors(cls: type) -> type:
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, with_error_ids(member))
+    return cls
+
+
+@_report_unexpected_errors
 class Handlers:
     """Every event's handler. Each one finds the caller from the request, on the server."""
 
@@ -392,7 +433,7 @@ class Handlers:
 
     def export_data(self, fmt: str, include_ties: bool, min_agreement: float, request: gr.Request) -> str:
         self.server.operator(request)
-        folder = Path(tempfile.mkdtemp(prefix="tether-export-"))
+        folder = self.server.export_folder()
         out = folder / ("preferences" if fmt == "hf" else f"preferences.{fmt}")
         with user_errors():
             self.server.db(export_preferences, out, fmt, include_ties, min_agreement or None)
@@ -590,7 +631,9 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
 
 def build_app(server: Server) -> gr.Blocks:
     handlers = Handlers(server)
-    with gr.Blocks(title="Tether") as app:
+    keep = server.project.config.server.export_seconds
+    # delete_cache: Gradio's own copies of the export files go after the same time as ours.
+    with gr.Blocks(title="Tether", delete_cache=(keep, keep)) as app:
         gr.Markdown("## Tether: which response is better?")
         with gr.Tab("Annotate"):
             view = build_annotate_tab(handlers)
@@ -607,19 +650,26 @@ def _stop(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # Gradio shuts down cleanly on it
 
 
+def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = False) -> gr.Blocks:
+    """Serve the app for this server's project; it blocks until stopped unless prevent_thread_lock."""
+    app = build_app(server)
+    app.queue(default_concurrency_limit=64)
+    app.launch(
+        server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
+        footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
+        max_file_size=int(server.project.config.server.max_upload_mb * 2**20), prevent_thread_lock=prevent_thread_lock,
+        app_kwargs={"middleware": [Middleware(ClientAddress)]},
+    )
+    return app
+
+
 def run(project: Project, host: str, port: int) -> None:
     # SIGTERM (service managers, `kill`) stops the app as Ctrl-C does; a background process
     # started by a script ignores SIGINT, so it is restored too.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     server = Server(project)
-    app = build_app(server)
-    app.queue(default_concurrency_limit=64)
     try:
-        app.launch(
-            server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
-            footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
-            app_kwargs={"middleware": [Middleware(ClientAddress)]},
-        )
+        launch(server, host, port)
     finally:
         server.close()

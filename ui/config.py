@@ -43,11 +43,19 @@ class ServerConfig:
                           "max_lockout_seconds. A locked-out attempt is refused at once, without checking the password."},
     )
     max_lockout_seconds: float = field(default=900.0, metadata={"help": "The longest lockout."})
+    max_upload_mb: float = field(default=100.0, metadata={"help": "The largest file the app accepts (prompt uploads), in MiB."})
+    export_seconds: int = field(
+        default=600, metadata={"help": "How long an export's file is kept for download before the server removes it."},
+    )
 
     def __post_init__(self):
         for name in ("sign_in_attempts", "sign_in_attempts_per_address"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if self.max_upload_mb <= 0:
+            raise ValueError(f"max_upload_mb must be over 0, got {self.max_upload_mb}")
+        if self.export_seconds < 1:
+            raise ValueError(f"export_seconds must be 1 or more, got {self.export_seconds}")
         if not 0 < self.lockout_seconds <= self.max_lockout_seconds:
             raise ValueError(f"lockout_seconds must be over 0 and at most max_lockout_seconds, got {self.lockout_seconds}")
 

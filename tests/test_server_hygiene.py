@@ -1,0 +1,82 @@
+"""The app's limits and housekeeping: upload size, export files, and errors shown by id, on an app served in this process."""
+
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+
+from tests.conftest import add_pairs, add_users, free_port, set_settings
+from ui.app import Server, launch
+from ui.project import load_project
+
+PASSWORD = "password-123"
+
+
+@pytest.fixture
+def project(tiny_project):
+    add_pairs(tiny_project, prompts=4)
+    add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
+    return tiny_project
+
+
+@contextmanager
+def serving(project: Path) -> Iterator[tuple[Server, str]]:
+    """The real app, on a free port, served from this process so a test can reach its Server."""
+    server = Server(load_project(project))
+    port = free_port()
+    app = launch(server, "127.0.0.1", port, prevent_thread_lock=True)
+    try:
+        yield server, f"http://127.0.0.1:{port}/"
+    finally:
+        app.close()
+        server.close()
+
+
+def test_an_upload_over_the_configured_size_is_refused(project, tmp_path):
+    set_settings(project, "server", max_upload_mb=0.5)
+    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+    small.write_text('{"prompt": "hello"}\n')
+    large.write_text('{"prompt": "' + "x" * 700_000 + '"}\n')
+    with serving(project) as (_, url), httpx.Client(base_url=url) as client:
+        assert client.post("login", data={"username": "olga", "password": PASSWORD}).status_code == 200
+        sizes = {}
+        for path in (small, large):
+            with path.open("rb") as f:
+                sizes[path.name] = client.post("gradio_api/upload", files={"files": f}).status_code
+    assert sizes == {"small.jsonl": 200, "large.jsonl": 413}
+
+
+def test_export_files_are_removed_after_the_configured_time_and_when_the_server_stops(project):
+    set_settings(project, "server", export_seconds=1)
+    with serving(project) as (server, url):
+        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        first = Path(operator.predict("jsonl", False, 0, api_name="/export"))
+        assert first.read_text().count("\n") == 0  # no votes yet: an empty, but real, file downloaded
+        folders = list(server.exports.iterdir())
+        assert len(folders) == 1
+        old = time.time() - 5
+        os.utime(folders[0], (old, old))  # as if the first export were made 5 s ago
+        operator.predict("jsonl", False, 0, api_name="/export")
+        assert folders[0] not in list(server.exports.iterdir()) and len(list(server.exports.iterdir())) == 1
+        exports = server.exports
+    assert not exports.exists()
+
+
+def test_an_unexpected_error_shows_an_id_and_the_log_has_its_details(project, capfd):
+    with serving(project) as (server, url):
+        annotator = Client(url, auth=("ann", PASSWORD), verbose=False)
+        with server.lock:
+            server.con.close()  # from now on every database call fails inside DuckDB
+        with pytest.raises(Exception) as raised:
+            annotator.predict(api_name="/next_pair")
+    message = str(raised.value)
+    error_id = re.search(r"Something went wrong on the server \(error ([0-9a-f]{8})\)", message).group(1)
+    assert "duckdb" not in message.lower() and "connection" not in message.lower()
+    log = capfd.readouterr().err
+    assert f"error {error_id} in next_pair:" in log and "duckdb" in log.lower()
