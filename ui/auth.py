@@ -88,8 +88,8 @@ class _Record:
 class _Counter:
     """Failed sign-ins per key (an account name or a client address), in a table of bounded size."""
 
-    def __init__(self, limit: int, limits: SignInLimits, clock: Callable[[], float]):
-        self.limit, self.limits, self.clock = limit, limits, clock
+    def __init__(self, limit: int, limits: SignInLimits):
+        self.limit, self.limits = limit, limits
         self.records: OrderedDict[str, _Record] = OrderedDict()
 
     def locked_for(self, key: str) -> float:
@@ -97,7 +97,7 @@ class _Counter:
         record = self.records.get(key)
         if record is None:
             return 0.0
-        now = self.clock()
+        now = time.monotonic()
         if now < record.locked_until:
             return record.locked_until - now
         if record.failures and now - record.last_failure > self.limits.max_lockout_seconds:
@@ -114,7 +114,7 @@ class _Counter:
         if not failed:
             return
         record.failures += 1
-        record.last_failure = self.clock()
+        record.last_failure = time.monotonic()
         if record.failures >= self.limit:
             record.lockouts += 1
             record.locked_until = record.last_failure + min(
@@ -148,11 +148,10 @@ class SignInGuard:
         password_hash_of: Callable[[str], str | None],
         replace_hash: Callable[[str, str], None],
         limits: SignInLimits,
-        clock: Callable[[], float] = time.monotonic,
     ):
         self.password_hash_of, self.replace_hash, self.limits = password_hash_of, replace_hash, limits
-        self.accounts = _Counter(limits.per_account, limits, clock)
-        self.addresses = _Counter(limits.per_address, limits, clock)
+        self.accounts = _Counter(limits.per_account, limits)
+        self.addresses = _Counter(limits.per_address, limits)
 
     async def check(self, name: str, password: str) -> bool:
         # A plain `async def` method: Gradio awaits auth only when inspect.iscoroutinefunction says so.
