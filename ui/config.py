@@ -29,20 +29,21 @@ class ConfigError(Exception):
 @dataclass
 class ServerConfig:
     guidelines: str = field(default=DEFAULT_GUIDELINES, metadata={"help": "Annotation guidelines shown to annotators (Markdown)."})
+    # The defaults are SignInLimits', so that they are stated once.
     sign_in_attempts: int = field(
-        default=5,
+        default=SignInLimits.per_account,
         metadata={"help": "Failed sign-ins on one account before it is locked out. Attempts are counted before the password "
                           "is checked, so guesses sent in parallel meet the same limit."},
     )
     sign_in_attempts_per_address: int = field(
-        default=50, metadata={"help": "Failed sign-ins from one client address, on any accounts, before the address is locked out."},
+        default=SignInLimits.per_address, metadata={"help": "Failed sign-ins from one client address, on any accounts, before the address is locked out."},
     )
     lockout_seconds: float = field(
-        default=60.0,
+        default=SignInLimits.lockout_seconds,
         metadata={"help": "How long the first lockout lasts; each next one of the same account or address doubles, up to "
                           "max_lockout_seconds. A locked-out attempt is refused at once, without checking the password."},
     )
-    max_lockout_seconds: float = field(default=900.0, metadata={"help": "The longest lockout."})
+    max_lockout_seconds: float = field(default=SignInLimits.max_lockout_seconds, metadata={"help": "The longest lockout."})
     max_upload_mb: float = field(default=100.0, metadata={"help": "The largest file the app accepts (prompt uploads), in MiB."})
     export_seconds: int = field(
         default=600, metadata={"help": "How long an export's file is kept for download before the server removes it."},
