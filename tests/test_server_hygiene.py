@@ -9,7 +9,7 @@ from typing import Iterator
 
 import httpx
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import Client
 
 from tests.conftest import add_pairs, add_users, free_port, set_settings
 from ui.app import Server, launch
