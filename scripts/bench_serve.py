@@ -33,6 +33,7 @@ from gradio_client import Client
 from annotate.pairs import add_completions_with_pairs
 from annotate.queue import QueueConfig
 from store import open_database, transaction
+from store.db import utcnow
 from store.completions import NewCompletion
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
@@ -54,7 +55,7 @@ def make_project(root: Path, pairs: int, annotators: int) -> None:
         completions = [NewCompletion(pid, 0, f"answer {k} to question {pid}", 5, True, {}) for pid in ids for k in range(2)]
         add_completions_with_pairs(con, completions, QueueConfig(overlap_share=0))
         for i in range(annotators):
-            add_user(con, f"annotator{i:02d}", "annotator", password_hash)
+            add_user(con, f"annotator{i:02d}", "annotator", password_hash, "bench_serve", utcnow())
 
 
 class Server:

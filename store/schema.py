@@ -181,4 +181,18 @@ MIGRATIONS = [
         -- that was newest when it was made, the one given up; NULL for every other version.
         ALTER TABLE policies ADD COLUMN rollback_from INTEGER;
     """),
+    Migration(5, "disabled accounts and the account log", """
+        -- A disabled account cannot sign in, and its open sessions are refused. Accounts are
+        -- never deleted: their votes name them.
+        ALTER TABLE users ADD COLUMN disabled BOOLEAN NOT NULL DEFAULT false;
+        -- Every change to an account: who made it, what it was, when.
+        CREATE SEQUENCE account_event_id;
+        CREATE TABLE account_events (
+            id INTEGER PRIMARY KEY DEFAULT nextval('account_event_id'),
+            account VARCHAR NOT NULL,
+            action VARCHAR NOT NULL,                -- 'added as <role>', 'disabled', 'enabled', 'password set', ...
+            actor VARCHAR NOT NULL,                 -- an operator's name, or 'NAME (command line)'
+            created_at TIMESTAMP NOT NULL
+        );
+    """),
 ]

@@ -123,9 +123,12 @@ class RunningServer:
                 raise RuntimeError(f"tether serve exited:\n{self.log.read_text()}")
             try:
                 urllib.request.urlopen(self.url, timeout=1)
-                return
-            except OSError:
-                time.sleep(0.2)
+                # Written once the app serves, so `tether` commands find it; a killed server's may still be there.
+                if json.loads((project / "tether.server.json").read_text())["pid"] == self.process.pid:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"tether serve did not start:\n{self.log.read_text()}")
 

@@ -30,6 +30,11 @@ OPERATOR_CALLS = {
     "/cancel_round": (),
     "/set_schedule": (5,),
     "/rollback": (0,),
+    "/accounts": (),
+    "/add_account": ("mallory", "operator", "password-456"),
+    "/disable_account": ("olga",),
+    "/enable_account": ("ann",),
+    "/set_account_password": ("olga", "password-456"),
 }
 
 

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
-from tests.conftest import RunningServer, add_pairs, add_users  # noqa: E402
+from tests.conftest import RunningServer, add_pairs, add_users, run_tether  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -311,3 +311,35 @@ def test_wrong_password_does_not_sign_in(browser, tiny_project):
         assert dialogs == []
     finally:
         server.stop()
+
+
+def test_an_annotator_disabled_while_signed_in_has_the_next_vote_refused(browser, tiny_project):
+    add_users(tiny_project, {"alice": "annotator"})
+    add_pairs(tiny_project, 3)
+    dialogs: list[str] = []
+    server = RunningServer(tiny_project)
+    try:
+        page = open_page(browser, server.url, dialogs)
+        sign_in(page, "alice")
+        expect(page.locator("#progress")).to_have_text(progress("alice", 0, 3))
+        page.keyboard.press("1")
+        expect(page.locator("#progress")).to_have_text(progress("alice", 1, 2))
+        disabled = run_tether("users", "disable", "alice", "--project", str(tiny_project))  # through the server
+        assert disabled.returncode == 0, disabled.stderr
+        page.keyboard.press("1")
+        expect(page.get_by_text("This account is disabled: ask an operator.")).to_be_visible()
+        page.context.close()
+        again = open_page(browser, server.url, dialogs)
+        sign_in(again, "alice")
+        expect(again.get_by_text("Incorrect Credentials")).to_be_visible()
+        again.context.close()
+    finally:
+        server.stop()
+    from store import open_database
+    from store.db import utcnow
+
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM comparisons WHERE annotator = 'alice'").fetchone()[0] == 1
+        # The pair that was on alice's screen is back in the queue for others.
+        assert con.execute("SELECT count(*) FROM assignments WHERE annotator = 'alice' AND closed_at IS NULL "
+                           "AND expires_at > ?", [utcnow()]).fetchone()[0] == 0

@@ -8,7 +8,7 @@ from store.schema import MIGRATIONS, Migration
 
 TABLES = {
     "prompts", "policies", "completions", "pairs", "assignments", "comparisons", "skips",
-    "users", "reward_models", "jobs", "metrics", "snapshots", "rounds", "schema_migrations",
+    "users", "reward_models", "jobs", "metrics", "snapshots", "rounds", "schema_migrations", "account_events",
 }
 
 
@@ -34,6 +34,17 @@ def test_reopening_applies_nothing_and_keeps_data(tmp_path):
     with closing(open_database(path)) as con:
         assert migrate(con) == []
         assert con.execute("SELECT version FROM policies").fetchall() == [(0,)]
+
+
+def test_accounts_of_a_database_from_before_disabling_existed_stay_enabled(tmp_path):
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "old.duckdb"))
+    migrate(con, [m for m in MIGRATIONS if m.version <= 4])
+    con.execute("INSERT INTO users (name, role, password_hash) VALUES ('ann', 'annotator', 'scrypt$...')")
+    assert migrate(con) == [5]
+    assert con.execute("SELECT name, disabled FROM users").fetchall() == [("ann", False)]
+    con.close()
 
 
 def test_a_new_migration_applies_once_on_an_existing_database(tmp_path):

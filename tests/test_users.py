@@ -1,5 +1,6 @@
 import asyncio
 import hashlib
+import json
 import time
 from contextlib import closing
 
@@ -7,7 +8,8 @@ import httpx
 import pytest
 
 from store import open_database
-from store.users import add_user, get_user
+from store.db import utcnow
+from store.users import account_events, add_user, get_user
 from tests.conftest import RunningServer, run_tether, set_settings
 from ui.auth import SignInGuard, SignInLimits, hash_password, is_outdated, verify_password
 
@@ -77,7 +79,7 @@ def test_an_old_hash_is_replaced_by_one_at_the_current_parameters_at_the_next_go
     salt = bytes(16)
     old = f"scrypt${2**14}$8$1${salt.hex()}${hashlib.scrypt(b'right password', salt=salt, n=2**14, r=8, p=1).hex()}"
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        add_user(con, "bob", "annotator", old)
+        add_user(con, "bob", "annotator", old, "test", utcnow())
     assert is_outdated(old) and verify_password("right password", old)
     server = RunningServer(tiny_project)
     try:
@@ -88,6 +90,8 @@ def test_an_old_hash_is_replaced_by_one_at_the_current_parameters_at_the_next_go
         upgraded = get_user(con, "bob").password_hash
     assert upgraded.startswith(f"scrypt${2**17}$8$1$") and not is_outdated(upgraded)
     assert verify_password("right password", upgraded)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert [(e.account, e.action, e.actor) for e in account_events(con)][0] == ("bob", "password hash upgraded at sign-in", "bob")
 
 
 def test_the_tables_of_failures_stay_bounded_and_forget_the_least_recent_first():
@@ -96,3 +100,74 @@ def test_the_tables_of_failures_stay_bounded_and_forget_the_least_recent_first()
         guard.addresses.begin(f"10.0.0.{i}")
         guard.addresses.end(f"10.0.0.{i}", failed=True)
     assert list(guard.addresses.records) == ["10.0.0.7", "10.0.0.8", "10.0.0.9"]
+
+
+def test_users_commands_go_through_a_running_server_and_every_change_is_logged(tiny_project):
+    run_tether("users", "add", "olga", "--role", "operator", "--project", str(tiny_project), input="password-123\n", check=True)
+    server = RunningServer(tiny_project)
+    try:
+        server_file = tiny_project / "tether.server.json"
+        assert server_file.stat().st_mode & 0o777 == 0o600  # its token lets a command act as the server
+        tether = lambda *args, password=None: run_tether(*args, "--project", str(tiny_project), input=password)  # noqa: E731
+        assert tether("users", "add", "carol", "--role", "annotator", password="first password\n").returncode == 0
+        assert sign_in(server.url, "carol", "first password") == 200
+        assert tether("users", "passwd", "carol", password="second password\n").returncode == 0
+        assert (sign_in(server.url, "carol", "first password"), sign_in(server.url, "carol", "second password")) == (400, 200)
+        assert tether("users", "disable", "carol").returncode == 0
+        assert sign_in(server.url, "carol", "second password") == 400
+        refused = tether("users", "disable", "carol")
+        assert refused.returncode == 1 and "carol is disabled already" in refused.stderr
+        assert tether("users", "enable", "carol").returncode == 0
+        assert sign_in(server.url, "carol", "second password") == 200
+        listed = tether("users", "list").stdout.split("\n")
+        assert [line.split() for line in listed if line] == [["carol", "annotator", "active"], ["olga", "operator", "active"]]
+        log = tether("users", "log").stdout.strip().split("\n")
+    finally:
+        server.stop()
+    assert not server_file.exists()
+    actions = [line.split("  ", 1)[1].split() for line in log]
+    assert [a[:3] for a in actions] == [
+        ["carol", "enabled", "by"], ["carol", "disabled", "by"], ["carol", "password", "set"],
+        ["carol", "added", "as"], ["olga", "added", "as"],
+    ]
+    assert all(line.endswith("(command line)") for line in log)
+    # With the server stopped the same commands open the database themselves.
+    assert run_tether("users", "disable", "carol", "--project", str(tiny_project)).returncode == 0
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert get_user(con, "carol").disabled
+
+
+def test_the_control_route_wants_the_servers_token(tiny_project):
+    server = RunningServer(tiny_project)
+    try:
+        url = server.url + "tether/control/users"
+        assert httpx.post(url, json=[]).status_code == 403
+        assert httpx.post(url, json=[], headers={"Authorization": "Bearer guessed"}).status_code == 403
+        token = json.loads((tiny_project / "tether.server.json").read_text())["token"]
+        assert httpx.post(url, json=[], headers={"Authorization": f"Bearer {token}"}).json() == []
+    finally:
+        server.stop()
+
+
+def test_an_operator_manages_accounts_in_the_app_and_cannot_disable_themself(tiny_project):
+    from gradio_client import Client
+
+    run_tether("users", "add", "olga", "--role", "operator", "--project", str(tiny_project), input="password-123\n", check=True)
+    server = RunningServer(tiny_project)
+    try:
+        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
+        message, password_box, users, log = operator.predict("dave", "annotator", "dave's password", api_name="/add_account")
+        assert message == "Added annotator dave." and password_box == ""
+        assert users["data"] == [["dave", "annotator", "active"], ["olga", "operator", "active"]]
+        with pytest.raises(Exception, match="at least 8 characters"):
+            operator.predict("erin", "annotator", "short", api_name="/add_account")
+        with pytest.raises(Exception, match="cannot disable your own account"):
+            operator.predict("olga", api_name="/disable_account")
+        operator.predict("dave", api_name="/disable_account")
+        users, log = operator.predict(api_name="/accounts")
+        assert ["dave", "annotator", "disabled"] in users["data"]
+        assert [row[1:] for row in log["data"][:2]] == [["dave", "disabled", "olga"], ["dave", "added as annotator", "olga"]]
+    finally:
+        server.stop()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert get_user(con, "dave").disabled and get_user(con, "erin") is None

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -35,11 +35,12 @@ from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, 
 from store.jobs import get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices, pair_states
-from store.users import User, get_user, set_password_hash
+from store.users import ROLES, User, account_events, add_user, get_user, list_users, set_disabled, set_password_hash
 from store.votes import record_vote, votes_since
 from train.errors import ModelError
 from train.jobdir import log_tail, read_events
-from ui.auth import ClientAddress, SignInGuard
+from ui import control
+from ui.auth import ClientAddress, SignInGuard, WeakPassword, hash_new_password
 from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
 from ui.config import write_config
@@ -104,6 +105,7 @@ class Server:
             print(f"marked {rounds} rounds failed: the last run stopped during them")
         self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
+        self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
         self.jobs = JobQueue(project, self.db)
         self.jobs.start()
 
@@ -112,18 +114,29 @@ class Server:
         with self.lock:
             return fn(self.con, *args)
 
+    def snapshot(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a store function on a connection of its own, beside the writer: for long reads of one snapshot."""
+        with self.lock:
+            con = self.con.cursor()
+        try:
+            return fn(con, *args)
+        finally:
+            con.close()
+
     def _password_hash(self, name: str) -> str | None:
         user = self.db(get_user, name)
-        return user.password_hash if user else None
+        return user.password_hash if user and not user.disabled else None
 
     def _replace_hash(self, name: str, password_hash: str) -> None:
-        self.db(set_password_hash, name, password_hash)
+        self.db(set_password_hash, name, password_hash, name, utcnow(), "password hash upgraded at sign-in")
 
     def user(self, request: gr.Request) -> User:
-        """The signed-in user, checked on the server for every call."""
+        """The signed-in user, checked on the server for every call: a disabled account's sessions end at once."""
         user = self.db(get_user, request.username) if request and request.username else None
         if user is None:
             raise gr.Error("Sign in first.")
+        if user.disabled:
+            raise gr.Error("This account is disabled: ask an operator.")
         return user
 
     def operator(self, request: gr.Request) -> User:
@@ -133,6 +146,7 @@ class Server:
         return user
 
     def close(self) -> None:
+        control.withdraw(self.project)
         self.jobs.stop()
         shutil.rmtree(self.exports, ignore_errors=True)
         with self.lock:
@@ -441,13 +455,46 @@ class Handlers:
             return shutil.make_archive(str(out), "zip", out)
         return str(out)
 
+    def accounts(self, request: gr.Request) -> tuple:
+        """Every account, and the newest changes to them."""
+        self.server.operator(request)
+        users = [[u.name, u.role, "disabled" if u.disabled else "active"] for u in self.server.db(list_users)]
+        log = [[e.at.strftime("%Y-%m-%d %H:%M:%S"), e.account, e.action, e.actor] for e in self.server.db(account_events, 200)]
+        return users, log
+
+    def add_account(self, name: str, role: str, password: str, request: gr.Request) -> tuple:
+        operator = self.server.operator(request)
+        with user_errors():
+            self.server.db(add_user, name.strip(), role, hash_new_password(password), operator.name, utcnow())
+        return f"Added {role} {name.strip()}.", "", *self.accounts(request)
+
+    def disable_account(self, name: str, request: gr.Request) -> tuple:
+        operator = self.server.operator(request)
+        if name.strip() == operator.name:
+            raise gr.Error("You cannot disable your own account.")
+        with user_errors():
+            self.server.db(set_disabled, name.strip(), True, operator.name, utcnow())
+        return f"Disabled {name.strip()}: its open sessions are refused from now on.", "", *self.accounts(request)
+
+    def enable_account(self, name: str, request: gr.Request) -> tuple:
+        operator = self.server.operator(request)
+        with user_errors():
+            self.server.db(set_disabled, name.strip(), False, operator.name, utcnow())
+        return f"Enabled {name.strip()}.", "", *self.accounts(request)
+
+    def set_account_password(self, name: str, password: str, request: gr.Request) -> tuple:
+        operator = self.server.operator(request)
+        with user_errors():
+            self.server.db(set_password_hash, name.strip(), hash_new_password(password), operator.name, utcnow())
+        return f"Set a new password for {name.strip()}.", "", *self.accounts(request)
+
 
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Show Tether's own errors (bad input, a model that won't load) as messages, not crashes."""
     try:
         yield
-    except (StoreError, ModelError, JobError) as e:
+    except (StoreError, ModelError, JobError, WeakPassword) as e:
         raise gr.Error(str(e)) from None
 
 
@@ -576,6 +623,8 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
         cancel.click(handlers.cancel_job, inputs=[job_id], outputs=[jobs], api_name="cancel_job", api_visibility="undocumented")
     with gr.Tab("Loop"):
         build_loop_tab(handlers, timer)
+    with gr.Tab("Accounts") as accounts_tab:
+        build_accounts_tab(handlers, accounts_tab)
     with gr.Tab("Export"):
         fmt = gr.Radio(["hf", "parquet", "jsonl"], value="hf", label="Format")
         include_ties = gr.Checkbox(label="Raw export: every vote, ties and both-bad included")
@@ -586,6 +635,29 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
             handlers.export_data, inputs=[fmt, include_ties, min_agreement], outputs=[download],
             api_name="export", api_visibility="undocumented",
         )
+
+
+def build_accounts_tab(handlers: Handlers, tab: gr.Tab) -> None:
+    with gr.Row():
+        name = gr.Textbox(label="Account name", max_lines=1)
+        role = gr.Radio(list(ROLES), value="annotator", label="Role (for a new account)")
+        password = gr.Textbox(label="Password (for a new account or a new password)", type="password", max_lines=1)
+    with gr.Row():
+        add = gr.Button("Add account", variant="primary")
+        set_password = gr.Button("Set password")
+        enable = gr.Button("Enable")
+        disable = gr.Button("Disable", variant="stop")
+    result = gr.Textbox(label="Result", interactive=False)
+    users = gr.Dataframe(headers=["account", "role", "status"], label="Accounts", interactive=False)
+    log = gr.Dataframe(headers=["when (UTC)", "account", "change", "by"], label="Changes to accounts, newest first", interactive=False)
+    # The password box is emptied after every action, so it is not sent twice by mistake.
+    outputs = [result, password, users, log]
+    tab.select(handlers.accounts, outputs=[users, log], api_name="accounts", api_visibility="undocumented")
+    add.click(handlers.add_account, inputs=[name, role, password], outputs=outputs, api_name="add_account", api_visibility="undocumented")
+    set_password.click(handlers.set_account_password, inputs=[name, password], outputs=outputs,
+                       api_name="set_account_password", api_visibility="undocumented")
+    enable.click(handlers.enable_account, inputs=[name], outputs=outputs, api_name="enable_account", api_visibility="undocumented")
+    disable.click(handlers.disable_account, inputs=[name], outputs=outputs, api_name="disable_account", api_visibility="undocumented")
 
 
 def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
@@ -657,9 +729,12 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
     app.launch(
         server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
         footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
-        max_file_size=int(server.project.config.server.max_upload_mb * 2**20), prevent_thread_lock=prevent_thread_lock,
-        app_kwargs={"middleware": [Middleware(ClientAddress)]},
+        max_file_size=int(server.project.config.server.max_upload_mb * 2**20), prevent_thread_lock=True,
+        app_kwargs={"middleware": [Middleware(ClientAddress)], "routes": control.routes(server)},
     )
+    control.announce(server.project, app.local_url, server.control_token)
+    if not prevent_thread_lock:
+        app.block_thread()
     return app
 
 

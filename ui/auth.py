@@ -18,6 +18,16 @@ _MAX_MEMORY = 2 * 128 * _R * _N  # hashlib refuses above 32 MiB unless told
 MIN_PASSWORD_CHARS = 8
 
 
+class WeakPassword(ValueError):
+    """A new password that is too short."""
+
+
+def hash_new_password(password: str) -> str:
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise WeakPassword(f"the password must have at least {MIN_PASSWORD_CHARS} characters")
+    return hash_password(password)
+
+
 def hash_password(password: str) -> str:
     salt = secrets.token_bytes(16)
     digest = hashlib.scrypt(password.encode(), salt=salt, n=_N, r=_R, p=_P, maxmem=_MAX_MEMORY)

@@ -3,7 +3,6 @@
 import dataclasses
 import math
 import random
-import re
 import sys
 import time
 from collections import Counter
@@ -25,10 +24,12 @@ from store.rounds import Round, get_round
 from store.policies import Policy, get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
-from store.users import ROLES, add_user
+from store.users import ROLES
 from store.status import project_counts
 from train.errors import ModelError
-from ui.auth import MIN_PASSWORD_CHARS, hash_password
+from ui.auth import WeakPassword, hash_new_password
+from ui.backup import restore
+from ui.control import command_line_actor, run_action
 from ui.config import ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
@@ -45,8 +46,6 @@ class TetherGroup(click.Group):
         except (StoreError, ModelError, ConfigError, ProjectError, JudgeError) as e:
             raise click.ClickException(str(e)) from None
 
-
-USER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 project_option = click.option(
     "--project", "project_dir", envvar="TETHER_PROJECT", default=".", show_default=True,
@@ -496,13 +495,32 @@ def _share(value: float | None) -> str:
 
 @cli.group(cls=TetherGroup)
 def users():
-    """Manage the accounts that sign in to the app."""
+    """Manage the accounts that sign in to the app. With the app running, each command goes through it."""
+
+
+def read_password(password_file) -> str:
+    """From --password-file's first line, a prompt, or standard input's first line."""
+    if password_file is not None:
+        return password_file.readline().rstrip("\n")
+    if sys.stdin.isatty():
+        return click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    return sys.stdin.readline().rstrip("\n")
+
+
+def new_password_hash(password_file) -> str:
+    try:
+        return hash_new_password(read_password(password_file))
+    except WeakPassword as e:
+        raise click.ClickException(str(e)) from None
+
+
+password_file_option = click.option("--password-file", type=click.File("r"), help="Read the password from this file's first line.")
 
 
 @users.command("add")
 @click.argument("name")
 @click.option("--role", type=click.Choice(ROLES), required=True, help="Annotators vote; operators also manage data and training.")
-@click.option("--password-file", type=click.File("r"), help="Read the password from this file's first line.")
+@password_file_option
 @project_option
 def add_user_command(name: str, role: str, password_file, project_dir: Path):
     """Add an account. The password comes from a prompt, standard input or --password-file.
@@ -512,19 +530,111 @@ def add_user_command(name: str, role: str, password_file, project_dir: Path):
         tether users add alice --role annotator
         echo "$PASSWORD" | tether users add bob --role operator
     """
-    if not USER_NAME.fullmatch(name):
-        raise click.BadParameter("use 1 to 64 letters, digits, '.', '_' or '-'", param_hint="NAME")
-    if password_file is not None:
-        password = password_file.readline().rstrip("\n")
-    elif sys.stdin.isatty():
-        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
-    else:
-        password = sys.stdin.readline().rstrip("\n")
-    if len(password) < MIN_PASSWORD_CHARS:
-        raise click.ClickException(f"the password must have at least {MIN_PASSWORD_CHARS} characters")
     project = load_project(project_dir)
-    project.run(add_user, name, role, hash_password(password))
+    run_action(project, "add_user", name, role, new_password_hash(password_file), command_line_actor())
     click.echo(f"added {role} {name}")
+
+
+@users.command("list")
+@project_option
+def list_users_command(project_dir: Path):
+    """List the accounts: name, role, and whether each is disabled.
+
+    \b
+    Example:
+        tether users list --project demo
+    """
+    for user in run_action(load_project(project_dir), "users"):
+        click.echo(f"{user['name']:<24}{user['role']:<12}{'disabled' if user['disabled'] else 'active'}")
+
+
+@users.command("disable")
+@click.argument("name")
+@project_option
+def disable_user_command(name: str, project_dir: Path):
+    """Stop an account from signing in; its open sessions are refused from their next request.
+
+    \b
+    Example:
+        tether users disable alice
+    """
+    run_action(load_project(project_dir), "set_disabled", name, True, command_line_actor())
+    click.echo(f"disabled {name}")
+
+
+@users.command("enable")
+@click.argument("name")
+@project_option
+def enable_user_command(name: str, project_dir: Path):
+    """Let a disabled account sign in again.
+
+    \b
+    Example:
+        tether users enable alice
+    """
+    run_action(load_project(project_dir), "set_disabled", name, False, command_line_actor())
+    click.echo(f"enabled {name}")
+
+
+@users.command("passwd")
+@click.argument("name")
+@password_file_option
+@project_option
+def passwd_command(name: str, password_file, project_dir: Path):
+    """Give an account a new password, from a prompt, standard input or --password-file.
+
+    \b
+    Example:
+        echo "$NEW_PASSWORD" | tether users passwd alice
+    """
+    project = load_project(project_dir)
+    run_action(project, "set_password", name, new_password_hash(password_file), command_line_actor())
+    click.echo(f"set a new password for {name}")
+
+
+@users.command("log")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1), help="How many changes to show.")
+@project_option
+def account_log_command(limit: int, project_dir: Path):
+    """Show the newest changes to accounts: when, which account, what, and by whom.
+
+    \b
+    Example:
+        tether users log --limit 20
+    """
+    for event in run_action(load_project(project_dir), "account_log", limit):
+        click.echo(f"{event['at']}  {event['account']:<24}{event['action']:<36}by {event['actor']}")
+
+
+@cli.command("backup")
+@click.argument("dest", type=click.Path(path_type=Path))
+@project_option
+def backup_command(dest: Path, project_dir: Path):
+    """Copy the project (database, settings and every registered adapter) into DEST, a new directory.
+
+    With the app running, the copy is taken through it while annotators go on voting: it holds
+    every vote stored before it began.
+
+    \b
+    Example:
+        tether backup /backups/tether-$(date +%F) --project demo
+    """
+    taken = run_action(load_project(project_dir), "backup", str(dest.resolve()))
+    click.echo(f"backed up {taken['votes']} votes and {len(taken['adapters'])} adapters to {dest}")
+
+
+@cli.command("restore")
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@project_option
+def restore_command(src: Path, project_dir: Path):
+    """Make a project from a backup, in a new or empty directory; it never overwrites a project.
+
+    \b
+    Example:
+        tether restore /backups/tether-2026-11-23 --project demo-restored
+    """
+    restored = restore(src, project_dir)
+    click.echo(f"restored {restored.votes} votes and {len(restored.adapters)} adapters into {project_dir.resolve()}")
 
 
 @cli.command()

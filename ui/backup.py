@@ -1,0 +1,105 @@
+"""`tether backup` and `tether restore`: a project's database, settings and registered adapters, copied consistently.
+
+The database is copied from one transaction's snapshot (DuckDB's COPY FROM DATABASE), so a
+backup taken while annotators vote holds every vote committed before it began and none half
+written, and the writer is never paused. Registered adapter directories never change once their
+version row exists, so they are copied after the snapshot, outside it.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from store.db import Connection, StoreError, open_database, utcnow
+from store.jobs import registered_adapter_paths
+from ui.project import CONFIG_FILE, DATABASE_FILE
+
+MANIFEST = "backup.json"
+
+
+@dataclass(frozen=True)
+class Backup:
+    votes: int
+    adapters: list[str]
+
+
+def backup(con: Connection, root: Path, dest: Path) -> Backup:
+    """Copy the project at `root`, whose database `con` is open, into `dest`, which must not exist yet."""
+    dest = dest.resolve()
+    if dest.exists():
+        raise StoreError(f"{dest} exists already: a backup goes into a new directory")
+    if not dest.parent.is_dir():
+        raise StoreError(f"{dest.parent} is not a directory")
+    with _made_whole(dest) as partial:
+        snapshot = con.cursor()  # its own connection: the snapshot is not blocked by, and does not block, votes
+        try:
+            snapshot.execute("ATTACH ? AS backup", [str(partial / DATABASE_FILE)])
+            snapshot.begin()
+            adapters = sorted(registered_adapter_paths(snapshot))
+            votes = snapshot.execute("SELECT count(*) FROM comparisons").fetchone()[0]
+            snapshot.execute(f"COPY FROM DATABASE {_database_name(snapshot)} TO backup")
+            snapshot.commit()
+            snapshot.execute("DETACH backup")
+        finally:
+            snapshot.close()
+        for adapter in adapters:
+            shutil.copytree(root / adapter, partial / adapter)
+        shutil.copy2(root / CONFIG_FILE, partial / CONFIG_FILE)
+        manifest = {"taken_at": utcnow().isoformat(), "from": str(root), "votes": votes, "adapters": adapters}
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return Backup(votes, adapters)
+
+
+def restore(src: Path, root: Path) -> Backup:
+    """Make a project at `root` from the backup in `src`; `root` must not hold a project."""
+    src, root = src.resolve(), root.resolve()
+    for name in (CONFIG_FILE, DATABASE_FILE):
+        if (root / name).exists():
+            raise StoreError(f"{root} holds a project already ({name} exists): restore into a new directory, "
+                             "or move that project away first")
+    if root.exists() and any(root.iterdir()):
+        raise StoreError(f"{root} is not empty: restore into a new or empty directory")
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{src} is not a Tether backup ({MANIFEST}: {e})") from None
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _made_whole(root) as partial:
+        for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
+            if not (src / name).exists():
+                raise StoreError(f"{src} is incomplete: {name} is missing")
+            (shutil.copytree if (src / name).is_dir() else shutil.copy2)(src / name, partial / name)
+        con = open_database(partial / DATABASE_FILE)  # also brings an older backup's schema up to date
+        try:
+            votes = con.execute("SELECT count(*) FROM comparisons").fetchone()[0]
+            missing = sorted(registered_adapter_paths(con) - set(manifest["adapters"]))
+        finally:
+            con.close()
+        if missing:
+            raise StoreError(f"{src} is incomplete: the database registers {', '.join(missing)}, which it does not hold")
+    return Backup(votes, manifest["adapters"])
+
+
+@contextmanager
+def _made_whole(dest: Path) -> Iterator[Path]:
+    """A temporary directory beside `dest`, renamed to it once the block succeeds and removed if it fails,
+    so `dest` is never left half written."""
+    partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        yield partial
+        if dest.exists():
+            dest.rmdir()  # an empty directory the user made for it; rename needs it gone
+        os.rename(partial, dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _database_name(con: Connection) -> str:
+    name = con.execute("SELECT current_database()").fetchone()[0]
+    return '"' + name.replace('"', '""') + '"'

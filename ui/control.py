@@ -1,0 +1,135 @@
+"""Commands that change a project while `tether serve` runs go through the server.
+
+DuckDB lets one process open the database, and while the app runs that process is the
+server: the database's one writer. At start it writes tether.server.json beside the database,
+with its address and a secret token, readable by its owner only. `tether users ...` and
+`tether backup` read that file and send their action to the server, which runs it on its own
+connection. With no server running they open the database themselves and run the same action.
+"""
+
+import asyncio
+import getpass
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from store.db import Connection, StoreError, utcnow
+from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
+from ui.backup import backup
+from ui.project import Project
+
+SERVER_FILE = "tether.server.json"
+ROUTE = "/tether/control/{action}"
+
+
+def command_line_actor() -> str:
+    return f"{getpass.getuser()} (command line)"
+
+
+# Each action runs on a database connection and returns what can travel as JSON.
+def _users(con: Connection, project: Project) -> list[dict]:
+    return [{"name": u.name, "role": u.role, "disabled": u.disabled} for u in list_users(con)]
+
+
+def _account_log(con: Connection, project: Project, limit: int) -> list[dict]:
+    return [{"at": e.at.isoformat(sep=" ", timespec="seconds"), "account": e.account, "action": e.action, "actor": e.actor}
+            for e in account_events(con, limit)]
+
+
+def _add_user(con: Connection, project: Project, name: str, role: str, password_hash: str, actor: str) -> None:
+    add_user(con, name, role, password_hash, actor, utcnow())
+
+
+def _set_disabled(con: Connection, project: Project, name: str, disabled: bool, actor: str) -> None:
+    set_disabled(con, name, disabled, actor, utcnow())
+
+
+def _set_password(con: Connection, project: Project, name: str, password_hash: str, actor: str) -> None:
+    set_password_hash(con, name, password_hash, actor, utcnow())
+
+
+def _backup(con: Connection, project: Project, dest: str) -> dict:
+    taken = backup(con, project.root, Path(dest))
+    return {"votes": taken.votes, "adapters": taken.adapters}
+
+
+ACTIONS: dict[str, Callable[..., Any]] = {
+    "users": _users,
+    "account_log": _account_log,
+    "add_user": _add_user,
+    "set_disabled": _set_disabled,
+    "set_password": _set_password,
+    "backup": _backup,
+}
+# Actions that need no lock: the backup reads its own snapshot, so votes go on while it copies.
+SNAPSHOT_ACTIONS = {"backup"}
+
+
+def run_action(project: Project, action: str, *args: Any) -> Any:
+    """Run an action through the running server if there is one, or on the database directly."""
+    server = _running_server(project)
+    if server is None:
+        return project.run(lambda con: ACTIONS[action](con, project, *args))
+    try:
+        reply = httpx.post(server["url"].rstrip("/") + ROUTE.format(action=action), json=list(args),
+                           headers={"Authorization": f"Bearer {server['token']}"}, timeout=None)
+    except httpx.TransportError as e:
+        raise StoreError(f"the server (process {server['pid']}) holds the project but did not answer at {server['url']}: {e}") from None
+    if reply.status_code != 200:
+        raise StoreError(reply.json().get("error", reply.text) if reply.headers.get("content-type") == "application/json" else reply.text)
+    return reply.json()
+
+
+def _running_server(project: Project) -> dict | None:
+    try:
+        server = json.loads((project.root / SERVER_FILE).read_text())
+        os.kill(server["pid"], 0)
+    except (OSError, ValueError, KeyError):
+        return None  # no server, or the file of one that was killed
+    return server
+
+
+def announce(project: Project, url: str, token: str) -> None:
+    """Write the server file for this process: where it listens, and the token requests must carry."""
+    path = project.root / SERVER_FILE
+    partial = path.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": url, "pid": os.getpid(), "token": token}, f)
+    os.replace(partial, path)
+
+
+def withdraw(project: Project) -> None:
+    try:
+        if json.loads((project.root / SERVER_FILE).read_text()).get("pid") == os.getpid():
+            (project.root / SERVER_FILE).unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def routes(server: Any) -> list:
+    """The server's end: one POST route that checks the token and runs the action."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def control(request: Request) -> JSONResponse:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not secrets.compare_digest(given.encode(), server.control_token.encode()):
+            return JSONResponse({"error": "not allowed"}, status_code=403)
+        action = request.path_params["action"]
+        if action not in ACTIONS:
+            return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
+        args = await request.json()
+        run = server.snapshot if action in SNAPSHOT_ACTIONS else server.db
+        try:
+            result = await asyncio.to_thread(run, lambda con: ACTIONS[action](con, server.project, *args))
+        except StoreError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        return JSONResponse(result)
+
+    return [Route(ROUTE, control, methods=["POST"])]
