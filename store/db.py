@@ -30,6 +30,10 @@ class DatabaseLocked(StoreError):
         )
 
 
+class NotSaved(StoreError):
+    """The database could not make a change durable (a full disk, most often); none of it was kept."""
+
+
 class BadInput(StoreError):
     """A row of an input file that cannot be imported; nothing from the file is written."""
 
@@ -96,7 +100,10 @@ def transaction(con: Connection) -> Iterator[Connection]:
         con.rollback()
         raise
     else:
-        con.commit()
+        try:
+            con.commit()
+        except duckdb.Error as e:  # DuckDB has rolled the transaction back
+            raise NotSaved(f"the database could not save this change, and kept none of it: {e}") from None
     finally:
         _IN_TRANSACTION.discard(con)
 

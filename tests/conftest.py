@@ -107,11 +107,11 @@ def free_port() -> int:
 class RunningServer:
     """A real `tether serve` in a child process on 127.0.0.1."""
 
-    def __init__(self, project: Path):
+    def __init__(self, project: Path, log_dir: Path | None = None):
         self.project = project
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.log = project / f"serve-{self.port}.log"
+        self.log = (log_dir or project) / f"serve-{self.port}.log"
         tether = Path(sys.executable).parent / "tether"
         self.process = subprocess.Popen(
             [str(tether), "serve", "--project", str(project), "--port", str(self.port)],

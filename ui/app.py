@@ -18,6 +18,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,9 +29,9 @@ from starlette.middleware import Middleware
 from annotate.agreement import fleiss_kappa, percent_agreement
 from annotate.export import export_preferences
 from store import StoreError
-from store.db import utcnow
+from store.db import Connection, NotSaved, transaction, utcnow
 from store.prompts import import_prompt_file
-from store.queue import QueueError, pairs_left, release_leases, serve, skip
+from store.queue import Assignment, QueueError, pairs_left, release_leases, serve, skip
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.jobs import get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
@@ -201,9 +202,12 @@ def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
             return handler(*args, **kwargs)
         except gr.Error:
             raise
-        except Exception:
+        except Exception as e:
             error_id = secrets.token_hex(4)
             print(f"error {error_id} in {handler.__name__}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            if isinstance(e, NotSaved):  # a full disk, most often: the user should know nothing was recorded
+                raise gr.Error(f"The server could not save this, so nothing of it was recorded (error {error_id}). "
+                               "Try again in a minute; if it goes on, give your operator this error id.") from None
             raise gr.Error(f"Something went wrong on the server (error {error_id}). Try again; if it goes on, "
                            "give your operator this error id.") from None
 
@@ -226,9 +230,46 @@ class Handlers:
 
     def next_pair(self, request: gr.Request, message: str = "") -> tuple:
         user = self.server.user(request)
-        queue = self.server.project.config.queue
         now = utcnow()
-        assignment = self.server.db(serve, user.name, queue.strategy, queue.lease_seconds, now)
+        return self._show(user, self.server.db(self._serve, user.name, now), now, message)
+
+    def vote(self, choice: str, token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
+        user = self.server.user(request)
+        now = utcnow()
+
+        def vote_then_serve(con: Connection) -> Assignment | None:
+            # One transaction: if it cannot be saved, neither the vote nor the next lease is, and the
+            # annotator is told; the vote is never stored while its reply is an error.
+            with transaction(con):
+                record_vote(con, user.name, token, choice, STRENGTHS.get(strength or ""), comment, now)
+                return self._serve(con, user.name, now)
+
+        try:
+            assignment = self.server.db(vote_then_serve)
+        except QueueError as e:
+            return self.next_pair(request, str(e))
+        return self._show(user, assignment, now, "")
+
+    def skip_pair(self, token: str, request: gr.Request) -> tuple:
+        user = self.server.user(request)
+        now = utcnow()
+
+        def skip_then_serve(con: Connection) -> Assignment | None:
+            with transaction(con):
+                skip(con, user.name, token, now)
+                return self._serve(con, user.name, now)
+
+        try:
+            assignment = self.server.db(skip_then_serve)
+        except QueueError as e:
+            return self.next_pair(request, str(e))
+        return self._show(user, assignment, now, "")
+
+    def _serve(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
+        queue = self.server.project.config.queue
+        return serve(con, annotator, queue.strategy, queue.lease_seconds, now)
+
+    def _show(self, user: User, assignment: Assignment | None, now: datetime, message: str) -> tuple:
         today = now.replace(hour=0, minute=0, second=0, microsecond=0)
         votes = self.server.db(votes_since, user.name, today)
         left = self.server.db(pairs_left, user.name, now) + (assignment is not None)
@@ -245,26 +286,6 @@ class Handlers:
             progress,
             message,
         ).outputs()
-
-    def vote(self, choice: str, token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
-        user = self.server.user(request)
-        try:
-            self.server.db(record_vote, user.name, token, choice, STRENGTHS.get(strength or ""), comment, utcnow())
-            message = ""
-        except QueueError as e:
-            message = str(e)
-        return self.next_pair(request, message)
-
-
-    def skip_pair(self, token: str, request: gr.Request) -> tuple:
-        user = self.server.user(request)
-        try:
-            self.server.db(skip, user.name, token, utcnow())
-            message = ""
-        except QueueError as e:
-            message = str(e)
-        return self.next_pair(request, message)
-
 
     def operator_controls(self, request: gr.Request) -> tuple:
         """At sign-in: the operator tab and its job-list refresh, for operators only."""
@@ -494,6 +515,8 @@ def user_errors() -> Iterator[None]:
     """Show Tether's own errors (bad input, a model that won't load) as messages, not crashes."""
     try:
         yield
+    except NotSaved:
+        raise  # not the user's input: reported by id
     except (StoreError, ModelError, JobError, WeakPassword) as e:
         raise gr.Error(str(e)) from None
 
