@@ -5,6 +5,9 @@ ingest step, where the process kills itself as kill -9 would; the next command i
 """
 
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -148,3 +151,21 @@ def test_a_fault_in_a_job_fails_that_job_and_the_runner_registers_the_next(proje
     assert rows(project, "SELECT version, metrics->>'job' FROM reward_models") == [(1, str(following))]
     assert f"job {broken} failed:" in capsys.readouterr().err
     assert_consistent(project)
+
+
+def test_at_start_a_job_whose_worker_is_gone_is_failed_and_processes_it_left_are_killed(project, capsys):
+    job_id, directory = queue_reward_training(project)
+    with closing(open_database(project / "tether.duckdb")) as con:
+        con.execute("UPDATE jobs SET status = 'running' WHERE id = ?", [job_id])
+    # What a multi-GPU launcher's rank process looks like once the launcher is gone: it names the job directory.
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(directory)])
+    try:
+        server = Server(load_project(project))
+        server.close()
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stray.kill()
+    printed = capsys.readouterr().out
+    assert f"killed process {stray.pid}, left over from job {job_id}" in printed
+    assert "marked 1 job failed: the process running it stopped" in printed
+    assert rows(project, f"SELECT status, error FROM jobs WHERE id = {job_id}") == [("failed", "the process running it stopped")]

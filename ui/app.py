@@ -90,6 +90,11 @@ PPO_CURVES = {
 }
 
 
+def refused(message: str) -> gr.Error:
+    """A message for the user that is not a fault of the server: logged without a traceback."""
+    return gr.Error(message, print_exception=False)
+
+
 class Server:
     """The project, its database connection (this process is the one writer) and sign-in."""
 
@@ -135,15 +140,15 @@ class Server:
         """The signed-in user, checked on the server for every call: a disabled account's sessions end at once."""
         user = self.db(get_user, request.username) if request and request.username else None
         if user is None:
-            raise gr.Error("Sign in first.")
+            raise refused("Sign in first.")
         if user.disabled:
-            raise gr.Error("This account is disabled: ask an operator.")
+            raise refused("This account is disabled: ask an operator.")
         return user
 
     def operator(self, request: gr.Request) -> User:
         user = self.user(request)
         if user.role != "operator":
-            raise gr.Error("Only operators may do this.")
+            raise refused("Only operators may do this.")
         return user
 
     def close(self) -> None:
@@ -206,9 +211,9 @@ def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
             error_id = secrets.token_hex(4)
             print(f"error {error_id} in {handler.__name__}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             if isinstance(e, NotSaved):  # a full disk, most often: the user should know nothing was recorded
-                raise gr.Error(f"The server could not save this, so nothing of it was recorded (error {error_id}). "
+                raise refused(f"The server could not save this, so nothing of it was recorded (error {error_id}). "
                                "Try again in a minute; if it goes on, give your operator this error id.") from None
-            raise gr.Error(f"Something went wrong on the server (error {error_id}). Try again; if it goes on, "
+            raise refused(f"Something went wrong on the server (error {error_id}). Try again; if it goes on, "
                            "give your operator this error id.") from None
 
     return reported
@@ -235,32 +240,25 @@ class Handlers:
 
     def vote(self, choice: str, token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
         user = self.server.user(request)
-        now = utcnow()
-
-        def vote_then_serve(con: Connection) -> Assignment | None:
-            # One transaction: if it cannot be saved, neither the vote nor the next lease is, and the
-            # annotator is told; the vote is never stored while its reply is an error.
-            with transaction(con):
-                record_vote(con, user.name, token, choice, STRENGTHS.get(strength or ""), comment, now)
-                return self._serve(con, user.name, now)
-
-        try:
-            assignment = self.server.db(vote_then_serve)
-        except QueueError as e:
-            return self.next_pair(request, str(e))
-        return self._show(user, assignment, now, "")
+        return self._then_next_pair(request, user, lambda con, now: record_vote(
+            con, user.name, token, choice, STRENGTHS.get(strength or ""), comment, now))
 
     def skip_pair(self, token: str, request: gr.Request) -> tuple:
         user = self.server.user(request)
+        return self._then_next_pair(request, user, lambda con, now: skip(con, user.name, token, now))
+
+    def _then_next_pair(self, request: gr.Request, user: User, answer: Callable[[Connection, datetime], Any]) -> tuple:
+        """Store the annotator's answer and lease the next pair in one transaction: if it cannot be saved,
+        neither is, and the annotator is told; an answer is never stored while its reply is an error."""
         now = utcnow()
 
-        def skip_then_serve(con: Connection) -> Assignment | None:
+        def answer_then_serve(con: Connection) -> Assignment | None:
             with transaction(con):
-                skip(con, user.name, token, now)
+                answer(con, now)
                 return self._serve(con, user.name, now)
 
         try:
-            assignment = self.server.db(skip_then_serve)
+            assignment = self.server.db(answer_then_serve)
         except QueueError as e:
             return self.next_pair(request, str(e))
         return self._show(user, assignment, now, "")
@@ -313,7 +311,7 @@ class Handlers:
     def import_prompts(self, upload: str | None, request: gr.Request) -> str:
         self.server.operator(request)
         if not upload:
-            raise gr.Error("Choose a file first.")
+            raise refused("Choose a file first.")
         with user_errors():
             result = self.server.db(import_prompt_file, Path(upload))
         return f"Imported {result.added} prompts ({result.duplicates} already present)."
@@ -440,7 +438,7 @@ class Handlers:
         self.server.operator(request)
         round_ = self.server.db(running_round)
         if round_ is None:
-            raise gr.Error("No round is running.")
+            raise refused("No round is running.")
         # The round first, so the job queue does not go on to its next job.
         self.server.db(finish_round, round_.id, "cancelled", utcnow(), "cancelled by an operator")
         if (job_id := self.server.db(current_job_id, round_.id)) is not None:
@@ -451,7 +449,7 @@ class Handlers:
         """Register a copy of an earlier policy version as the newest, so the next round starts from it."""
         self.server.operator(request)
         if version is None or version < 0 or version != int(version):
-            raise gr.Error("Give the policy version to roll back to: a whole number, 0 or more.")
+            raise refused("Give the policy version to roll back to: a whole number, 0 or more.")
         with user_errors():
             policy = roll_back(self.server.project, self.server.db, int(version))
         return f"Rolled back: policy v{policy.version} is a copy of v{int(version)}, and the next round starts from it."
@@ -460,7 +458,7 @@ class Handlers:
         """Change [round] every_comparisons, now and in tether.toml."""
         self.server.operator(request)
         if every is None or every < 0 or every != int(every):
-            raise gr.Error("The number of comparisons must be a whole number, 0 or more.")
+            raise refused("The number of comparisons must be a whole number, 0 or more.")
         project = self.server.project
         project.config.round = dataclasses.replace(project.config.round, every_comparisons=int(every))
         write_config(project.root / CONFIG_FILE, project.config)
@@ -492,7 +490,7 @@ class Handlers:
     def disable_account(self, name: str, request: gr.Request) -> tuple:
         operator = self.server.operator(request)
         if name.strip() == operator.name:
-            raise gr.Error("You cannot disable your own account.")
+            raise refused("You cannot disable your own account.")
         with user_errors():
             self.server.db(set_disabled, name.strip(), True, operator.name, utcnow())
         return f"Disabled {name.strip()}: its open sessions are refused from now on.", "", *self.accounts(request)
@@ -518,7 +516,7 @@ def user_errors() -> Iterator[None]:
     except NotSaved:
         raise  # not the user's input: reported by id
     except (StoreError, ModelError, JobError, WeakPassword) as e:
-        raise gr.Error(str(e)) from None
+        raise refused(str(e)) from None
 
 
 def _count(n: int, noun: str) -> str:

@@ -75,9 +75,15 @@ def reconcile(con: Connection, project: Project) -> list[str]:
     for relative in sorted(registered):
         if not (project.root / relative).exists():
             report.append(f"{relative} is registered but missing from disk: restore it from a backup")
-    alive = [job_id for job_id in running_job_ids(con) if worker_alive(jobs_root / str(job_id))]
+    running = running_job_ids(con)
+    alive = [job_id for job_id in running if worker_alive(jobs_root / str(job_id))]
+    for job_id in set(running) - set(alive):
+        # A worker dies with its owner, but the processes a multi-GPU launcher started may not.
+        for pid in stray_processes(jobs_root / str(job_id)):
+            os.kill(pid, signal.SIGKILL)
+            report.append(f"killed process {pid}, left over from job {job_id}")
     if failed := fail_interrupted(con, utcnow(), keep=alive):
-        report.append(f"marked {failed} jobs failed: the process running them stopped")
+        report.append(f"marked {failed} job{'s' if failed > 1 else ''} failed: the process running it stopped")
     return report
 
 
@@ -106,6 +112,18 @@ def worker_alive(job_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return str(job_dir).encode() in command
+
+
+def stray_processes(job_dir: Path) -> list[int]:
+    """Processes whose command line names this job directory: its worker and anything that worker started."""
+    strays = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(job_dir).encode() in cmdline.read_bytes().split(b"\0"):
+                strays.append(int(cmdline.parent.name))
+        except OSError:  # it ended while we looked
+            continue
+    return strays
 
 
 def _write_durably(path: Path, text: str) -> None:
