@@ -1,0 +1,36 @@
+"""scripts/soak.py, briefly: a few annotators, two kill -9 restarts, and its verdict from the database."""
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def figure(report: str, label: str) -> str:
+    found = re.search(rf"^{re.escape(label)} +(\S.*?)$", report, re.M)
+    assert found, f"no {label!r} in:\n{report}"
+    return found.group(1)
+
+
+def test_soak_restarts_the_server_twice_and_finds_every_acknowledged_vote_stored_once(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "soak.py"), "--annotators", "4", "--minutes", "1.2", "--restart-every", "30",
+         "--vote-seconds", "0.5,1.5", "--project", str(tmp_path / "soak")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.stdout
+    acknowledged, stored = int(figure(report, "votes acknowledged")), int(figure(report, "votes stored"))
+    assert acknowledged > 20 and stored == acknowledged
+    assert figure(report, "acknowledged votes missing (must be 0)") == "0"
+    assert figure(report, "duplicates (must be 0)") == "0"
+    assert figure(report, "restarts (kill -9)") == "2"
+    # The script's count agrees with the database it left behind.
+    from store import open_database
+
+    con = open_database(tmp_path / "soak" / "tether.duckdb")
+    try:
+        assert con.execute("SELECT count(DISTINCT client_token) FROM comparisons").fetchone()[0] == stored
+    finally:
+        con.close()
