@@ -26,11 +26,15 @@ class AccountEvent:
     actor: str
 
 
-def add_user(con: Connection, name: str, role: str, password_hash: str, actor: str, now: datetime) -> None:
+def check_new_user(name: str, role: str) -> None:
     if not NAME.fullmatch(name):
         raise StoreError(f"user names use 1 to 64 letters, digits, '.', '_' or '-'; got {name!r}")
     if role not in ROLES:
         raise StoreError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+
+
+def add_user(con: Connection, name: str, role: str, password_hash: str, actor: str, now: datetime) -> None:
+    check_new_user(name, role)
     with transaction(con):
         if con.execute("SELECT 1 FROM users WHERE name = ?", [name]).fetchone():
             raise StoreError(f"a user named {name!r} exists already")

@@ -110,14 +110,20 @@ def test_users_commands_go_through_a_running_server_and_every_change_is_logged(t
         assert server_file.stat().st_mode & 0o777 == 0o600  # its token lets a command act as the server
         tether = lambda *args, password=None: run_tether(*args, "--project", str(tiny_project), input=password)  # noqa: E731
         assert tether("users", "add", "carol", "--role", "annotator", password="first password\n").returncode == 0
-        assert sign_in(server.url, "carol", "first password") == 200
+        open_session = signed_in(server.url, "carol", "first password")
+        assert next_pair_status(open_session, server.url) == 200
         assert tether("users", "passwd", "carol", password="second password\n").returncode == 0
+        assert next_pair_status(open_session, server.url) == 401  # a new password ends the sessions open
         assert (sign_in(server.url, "carol", "first password"), sign_in(server.url, "carol", "second password")) == (400, 200)
+        open_session = signed_in(server.url, "carol", "second password")
         assert tether("users", "disable", "carol").returncode == 0
+        refused = open_session.post("gradio_api/call/next_pair", json={"data": []}).json()["event_id"]
+        assert "This account is disabled" in open_session.get(f"gradio_api/call/next_pair/{refused}").text
         assert sign_in(server.url, "carol", "second password") == 400
         refused = tether("users", "disable", "carol")
         assert refused.returncode == 1 and "carol is disabled already" in refused.stderr
         assert tether("users", "enable", "carol").returncode == 0
+        assert next_pair_status(open_session, server.url) == 401  # enabled again, it signs in afresh
         assert sign_in(server.url, "carol", "second password") == 200
         listed = tether("users", "list").stdout.split("\n")
         assert [line.split() for line in listed if line] == [["carol", "annotator", "active"], ["olga", "operator", "active"]]
@@ -135,6 +141,16 @@ def test_users_commands_go_through_a_running_server_and_every_change_is_logged(t
     assert run_tether("users", "disable", "carol", "--project", str(tiny_project)).returncode == 0
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert get_user(con, "carol").disabled
+
+
+def signed_in(url: str, name: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=url)
+    assert client.post("login", data={"username": name, "password": password}).status_code == 200
+    return client
+
+
+def next_pair_status(session: httpx.Client, url: str) -> int:
+    return session.post("gradio_api/call/next_pair", json={"data": []}).status_code
 
 
 def test_the_control_route_wants_the_servers_token(tiny_project):

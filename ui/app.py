@@ -112,6 +112,7 @@ class Server:
         self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
+        self.sessions: dict[str, str] = {}  # Gradio's session cookies and their account names, once serving
         self.jobs = JobQueue(project, self.db)
         self.jobs.start()
 
@@ -128,6 +129,19 @@ class Server:
             return fn(con, *args)
         finally:
             con.close()
+
+    def account_changed(self, name: str) -> None:
+        """After a new password or a disable: the account must sign in again wherever it is signed in.
+
+        Its sessions end (as Gradio's own log-out from all sessions does) once it is enabled; while
+        it is disabled they are kept, so that each request from them is refused with the reason.
+        """
+        user = self.db(get_user, name)
+        if user is None or user.disabled:
+            return
+        for token, account in list(self.sessions.items()):
+            if account == name:
+                self.sessions.pop(token, None)
 
     def _password_hash(self, name: str) -> str | None:
         user = self.db(get_user, name)
@@ -493,18 +507,21 @@ class Handlers:
             raise refused("You cannot disable your own account.")
         with user_errors():
             self.server.db(set_disabled, name.strip(), True, operator.name, utcnow())
+        self.server.account_changed(name.strip())
         return f"Disabled {name.strip()}: its open sessions are refused from now on.", "", *self.accounts(request)
 
     def enable_account(self, name: str, request: gr.Request) -> tuple:
         operator = self.server.operator(request)
         with user_errors():
             self.server.db(set_disabled, name.strip(), False, operator.name, utcnow())
+        self.server.account_changed(name.strip())
         return f"Enabled {name.strip()}.", "", *self.accounts(request)
 
     def set_account_password(self, name: str, password: str, request: gr.Request) -> tuple:
         operator = self.server.operator(request)
         with user_errors():
             self.server.db(set_password_hash, name.strip(), hash_new_password(password), operator.name, utcnow())
+        self.server.account_changed(name.strip())
         return f"Set a new password for {name.strip()}.", "", *self.accounts(request)
 
 
@@ -753,6 +770,7 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
         max_file_size=int(server.project.config.server.max_upload_mb * 2**20), prevent_thread_lock=True,
         app_kwargs={"middleware": [Middleware(ClientAddress)], "routes": control.routes(server)},
     )
+    server.sessions = app.server_app.tokens
     control.announce(server.project, app.local_url, server.control_token)
     if not prevent_thread_lock:
         app.block_thread()

@@ -24,7 +24,7 @@ from store.rounds import Round, get_round
 from store.policies import Policy, get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
-from store.users import ROLES
+from store.users import ROLES, check_new_user
 from store.status import project_counts
 from train.errors import ModelError
 from ui.auth import WeakPassword, hash_new_password
@@ -530,6 +530,7 @@ def add_user_command(name: str, role: str, password_file, project_dir: Path):
         tether users add alice --role annotator
         echo "$PASSWORD" | tether users add bob --role operator
     """
+    check_new_user(name, role)  # before asking for a password
     project = load_project(project_dir)
     run_action(project, "add_user", name, role, new_password_hash(password_file), command_line_actor())
     click.echo(f"added {role} {name}")

@@ -67,6 +67,8 @@ ACTIONS: dict[str, Callable[..., Any]] = {
 }
 # Actions that need no lock: the backup reads its own snapshot, so votes go on while it copies.
 SNAPSHOT_ACTIONS = {"backup"}
+# Actions on an account (their first argument) after which it must sign in again.
+ACCOUNT_ACTIONS = {"set_disabled", "set_password"}
 
 
 def run_action(project: Project, action: str, *args: Any) -> Any:
@@ -130,6 +132,8 @@ def routes(server: Any) -> list:
             result = await asyncio.to_thread(run, lambda con: ACTIONS[action](con, server.project, *args))
         except StoreError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
+        if action in ACCOUNT_ACTIONS:
+            server.account_changed(args[0])
         return JSONResponse(result)
 
     return [Route(ROUTE, control, methods=["POST"])]
