@@ -343,3 +343,59 @@ def test_an_annotator_disabled_while_signed_in_has_the_next_vote_refused(browser
         # The pair that was on alice's screen is back in the queue for others.
         assert con.execute("SELECT count(*) FROM assignments WHERE annotator = 'alice' AND closed_at IS NULL "
                            "AND expires_at > ?", [utcnow()]).fetchone()[0] == 0
+
+
+def make_rounds(project: Path, rounds: int = 3, prompts: int = 6) -> None:
+    """Finished rounds v0 → v1 → ... made through the store, each new policy's answers against its parent's
+    in cross-version pairs, with votes that mostly prefer the newer answer."""
+    from store import open_database
+    from store.completions import NewCompletion, NewPair, add_completions, add_pairs as add_pair_rows
+    from store.db import utcnow
+    from store.policies import add_policy
+    from store.prompt_files import NewPrompt
+    from store.prompts import add_prompts
+    from store.rounds import add_round, finish_round, set_policy_to
+
+    with closing(open_database(project / "tether.duckdb")) as con:
+        add_prompts(con, [NewPrompt([{"role": "user", "content": f"Question {i}?"}], "test") for i in range(prompts)])
+        prompt_ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
+        answers = {0: add_completions(con, [NewCompletion(p, 0, f"v0 on {p}", 4, True, {}) for p in prompt_ids])}
+        for version in range(1, rounds + 1):
+            round_ = add_round(con, version - 1, None)
+            add_policy(con, version, f"policies/v{version}", parent=version - 1, round=round_.id)
+            answers[version] = add_completions(con, [NewCompletion(p, version, f"v{version} on {p}", 4, True, {}) for p in prompt_ids])
+            add_pair_rows(con, [NewPair(p, new.id, old.id, "cross_version")
+                                for p, new, old in zip(prompt_ids, answers[version], answers[version - 1])])
+            set_policy_to(con, round_.id, version)
+            finish_round(con, round_.id, "done", utcnow())
+        for pair_id, in con.execute("SELECT id FROM pairs ORDER BY id").fetchall():
+            con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'olga', ?)", [pair_id, "b" if pair_id % 6 == 0 else "a"])
+
+
+def test_the_operator_views_show_their_data_on_opening_and_the_round_table_fits(browser, tiny_project):
+    add_users(tiny_project, {"olga": "operator"})
+    make_rounds(tiny_project)
+    dialogs: list[str] = []
+    server = RunningServer(tiny_project)
+    try:
+        page = open_page(browser, server.url, dialogs)
+        page.set_viewport_size({"width": 1400, "height": 900})
+        sign_in(page, "olga")
+        page.get_by_role("tab", name="Operator").click()
+        pairs = page.get_by_label("Pairs")
+        expect(pairs.get_by_text("done", exact=True)).to_be_visible()  # the Data view, without Refresh
+        page.get_by_role("tab", name="Loop").click()
+        rounds_table = page.locator("div").filter(has_text="Rounds, newest first").locator("table").first
+        expect(rounds_table.get_by_text("v2 → v3", exact=True)).to_be_visible()
+        for version in ("v0", "v1", "v2", "v3"):
+            expect(page.get_by_text(version, exact=True).first).to_be_visible()
+        # Each round's verdict is on screen at 1400 px: the win-rate and votes columns are not cut off.
+        for header in ("win rate [95% CI]", "votes"):
+            box = rounds_table.get_by_text(header, exact=True).first.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 1400, (header, box)
+        chosen = page.get_by_label("Reward model for the round")
+        expect(chosen).to_have_value("a new one, trained on every vote so far")
+        page.context.close()
+        assert dialogs == []
+    finally:
+        server.stop()

@@ -62,11 +62,14 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
         assert {"reward model", "PPO"} <= stages, seen
 
-        history, scores, warnings, shown, samples, score, kl, kl_to_start, ended, entropy, length = operator.predict(None, api_name="/rounds")
-        assert history["data"][0][:4] == [1, "done", "v0 → v1", "v1"]
-        assert history["data"][0][6] == history["data"][0][7] != ""  # from v0, KL to v0 is KL to the parent
-        assert history["data"][0][8].endswith("%")  # the share of PPO's responses that ended
+        (history, scores, warnings, shown, samples, reward_choices,
+         score, kl, kl_to_start, ended, entropy, length) = operator.predict(None, api_name="/rounds")
+        newest = newest_round(history)
+        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1"]
+        assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
+        assert newest["PPO responses ended"].endswith("%")  # the share of PPO's responses that ended
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
+        assert reward_choices["choices"][1:] == [["v1", 1]]  # after "a new one"
         assert len(samples["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["data"])
         plots = {"score": score, "kl": kl, "kl_to_start": kl_to_start, "finished": ended, "entropy": entropy, "response_length": length}
         for name, plot in plots.items():
@@ -81,9 +84,14 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
             token = annotator.predict(token, None, "", api_name="/vote_left")[0]
             votes += 1
         history, scores, *_ = operator.predict(None, api_name="/rounds")
-        assert history["data"][0][11] == votes > 0
-        assert history["data"][0][9].endswith("]") and history["data"][0][10].endswith("]")  # raw and length-controlled, with intervals
+        newest = newest_round(history)
+        assert newest["votes"] == votes > 0
+        assert newest["win rate [95% CI]"].endswith("]") and newest["length-controlled [95% CI]"].endswith("]")
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
+
+
+def newest_round(history: dict) -> dict:
+    return dict(zip(history["headers"], history["data"][0]))
 
 
 def test_cancelling_a_round_stops_its_job_and_queues_nothing_after_it(tiny_project):

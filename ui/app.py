@@ -79,6 +79,17 @@ CSS = """
 """
 
 
+# The round history's columns in the Loop tab (keys of ui.rounds.describe), with their headers: what
+# people think of each round first, the long PPO settings last, so a narrow screen shows the verdict.
+ROUND_COLUMNS = [
+    ("round", "round"), ("status", "status"), ("policy", "policy"), ("win rate", "win rate [95% CI]"),
+    ("length-controlled", "length-controlled [95% CI]"), ("votes", "votes"), ("reward model", "reward model"),
+    ("RM accuracy", "RM accuracy"), ("RM on new votes", "RM accuracy on new votes"), ("KL to v0", "KL to v0"),
+    ("KL to parent", "KL to parent"), ("ended", "PPO responses ended"), ("PPO", "PPO settings"),
+]
+# The reward-model choice that starts a round by training a new one.
+NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
+
 # The PPO statistics the Loop tab plots per step, with their titles.
 PPO_CURVES = {
     "score": "Reward-model score",
@@ -413,7 +424,7 @@ class Handlers:
         """The round history, the ratings, the warnings, and the PPO curves of one round (the newest unless chosen)."""
         self.server.operator(request)
         history = round_history(self.server.db)
-        table = [list(describe(summary).values()) for summary in reversed(history)]
+        table = [[row[key] for key, _ in ROUND_COLUMNS] for row in map(describe, reversed(history))]
         scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
         length = self.server.project.config.length_warning()
         warnings = "\n".join(([length] if length else []) + round_warnings(self.server.db, history)) or "None."
@@ -422,7 +433,8 @@ class Handlers:
         steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
         samples = self._ppo_samples(shown.ppo_job) if shown else []
         choice = gr.update(choices=[s.round.id for s in with_ppo], value=shown.round.id if shown else None)
-        return (table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, samples,
+        reward_choices = gr.update(choices=[NEW_REWARD_MODEL] + [(f"v{rm.version}", rm.version) for rm in self.server.db(list_reward_models)])
+        return (table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, samples, reward_choices,
                 *(steps[["step", name]] for name in PPO_CURVES))
 
     def _ppo_steps(self, job_id: int) -> pd.DataFrame:
@@ -600,8 +612,8 @@ def _vote_for(handlers: Handlers, choice: str) -> Callable:
     return vote
 
 
-def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
-    with gr.Tab("Data"):
+def build_operator_tab(handlers: Handlers, timer: gr.Timer, operator_tab: gr.Tab) -> None:
+    with gr.Tab("Data") as data_tab:
         refresh = gr.Button("Refresh")
         states = gr.Dataframe(headers=["pair state", "pairs"], label="Pairs", interactive=False)
         annotators = gr.Dataframe(
@@ -612,6 +624,10 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
             handlers.operator_data, outputs=[states, annotators, agreement],
             api_name="operator_data", api_visibility="undocumented",
         )
+        # Data is the view the Operator tab opens on: it loads when either is opened.
+        for opened in (operator_tab, data_tab):
+            opened.select(handlers.operator_data, outputs=[states, annotators, agreement], api_visibility="undocumented",
+                          show_progress="hidden")
     with gr.Tab("Prompts"):
         upload = gr.File(label="Prompt file (.jsonl, .csv, .parquet)", file_types=[".jsonl", ".csv", ".parquet", ".gz"])
         import_button = gr.Button("Import")
@@ -629,7 +645,7 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
             handlers.generate_pairs, inputs=[limit, per_prompt], outputs=[generate_result],
             api_name="generate", api_visibility="undocumented",
         )
-    with gr.Tab("Reward models"):
+    with gr.Tab("Reward models") as models_tab:
         with gr.Row():
             include_imported = gr.Checkbox(label="Also train on imported preference data")
             train = gr.Button("Train a reward model")
@@ -646,6 +662,7 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
         train.click(handlers.train_reward_model, inputs=[include_imported], outputs=[queued], api_name="train_reward_model", api_visibility="undocumented")
         score.click(handlers.score_completions, outputs=[queued], api_name="score_completions", api_visibility="undocumented")
         refresh_models.click(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_name="reward_models", api_visibility="undocumented")
+        models_tab.select(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_visibility="undocumented", show_progress="hidden")
         run.input(handlers.reward_models, inputs=[run], outputs=[versions, run, curves], api_visibility="undocumented")
     with gr.Tab("Jobs"):
         jobs = gr.Dataframe(
@@ -659,8 +676,8 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer) -> None:
         timer.tick(handlers.job_table, outputs=[jobs], api_name="jobs", api_visibility="undocumented", show_progress="hidden")
         show_log.click(handlers.job_log, inputs=[job_id], outputs=[log], api_name="job_log", api_visibility="undocumented")
         cancel.click(handlers.cancel_job, inputs=[job_id], outputs=[jobs], api_name="cancel_job", api_visibility="undocumented")
-    with gr.Tab("Loop"):
-        build_loop_tab(handlers, timer)
+    with gr.Tab("Loop") as loop_tab:
+        build_loop_tab(handlers, timer, loop_tab)
     with gr.Tab("Accounts") as accounts_tab:
         build_accounts_tab(handlers, accounts_tab)
     with gr.Tab("Export"):
@@ -698,10 +715,12 @@ def build_accounts_tab(handlers: Handlers, tab: gr.Tab) -> None:
     disable.click(handlers.disable_account, inputs=[name], outputs=outputs, api_name="disable_account", api_visibility="undocumented")
 
 
-def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
+def build_loop_tab(handlers: Handlers, timer: gr.Timer, tab: gr.Tab) -> None:
     status = gr.Textbox(label="Round", interactive=False)
     with gr.Row():
-        reward_version = gr.Number(label="Reward-model version (empty: train a new one on every vote so far)", precision=0, minimum=1)
+        # allow_custom_value: a version registered since the page loaded is still accepted; the server checks it.
+        reward_version = gr.Dropdown(label="Reward model for the round", choices=[NEW_REWARD_MODEL], value=NEW_REWARD_MODEL[1],
+                                     allow_custom_value=True)
         start = gr.Button("Start a round", variant="primary")
         cancel = gr.Button("Cancel the round", variant="stop")
     with gr.Row():
@@ -710,12 +729,10 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
     result = gr.Textbox(label="Result", interactive=False)
     refresh = gr.Button("Refresh")
     history = gr.Dataframe(
-        headers=["round", "status", "policy", "reward model", "RM accuracy", "PPO", "KL to v0", "KL to parent",
-                 "PPO responses ended", "win rate [95% CI]",
-                 "length-controlled [95% CI]", "votes", "RM accuracy on new votes"],
+        headers=[header for _, header in ROUND_COLUMNS],
         label="Rounds, newest first: the human win rate of each new policy over the one it started from, "
               "also at equal length (a logistic model of the votes with the length difference as a covariate)",
-        interactive=False,
+        interactive=False, wrap=True,
     )
     with gr.Row():
         scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)", interactive=False, scale=1)
@@ -729,8 +746,11 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer) -> None:
         with gr.Row():
             plots += [gr.LinePlot(x="step", y=name, title=title) for name, title in row]
     samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], label="Responses sampled at PPO's latest step", interactive=False, wrap=True)
-    outputs = [history, scores, warnings, shown, samples, *plots]
+    outputs = [history, scores, warnings, shown, samples, reward_version, *plots]
     timer.tick(handlers.loop_status, outputs=[status], api_name="round_status", api_visibility="undocumented", show_progress="hidden")
+    # The view loads when opened, and again whenever the round's state line changes.
+    tab.select(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented", show_progress="hidden")
+    status.change(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented", show_progress="hidden")
     start.click(handlers.start_round, inputs=[reward_version], outputs=[result], api_name="start_round", api_visibility="undocumented")
     cancel.click(handlers.cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")
     save_every.click(handlers.set_schedule, inputs=[every], outputs=[result], api_name="set_schedule", api_visibility="undocumented")
@@ -750,7 +770,7 @@ def build_app(server: Server) -> gr.Blocks:
         # Refreshes the operator's job list; switched on at sign-in for operators only.
         timer = gr.Timer(2, active=False)
         with gr.Tab("Operator", visible=False) as operator_tab:
-            build_operator_tab(handlers, timer)
+            build_operator_tab(handlers, timer, operator_tab)
         app.load(handlers.operator_controls, outputs=[operator_tab, timer], api_visibility="private")
         app.load(handlers.next_pair, outputs=view, api_name="next_pair", api_visibility="undocumented")
     return app
