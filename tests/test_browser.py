@@ -6,6 +6,7 @@ holds each vote against the completion that was on screen, whatever side it was 
 """
 
 import json
+import re
 import time
 from contextlib import closing
 from pathlib import Path
@@ -385,13 +386,15 @@ def test_the_operator_views_show_their_data_on_opening_and_the_round_table_fits(
         pairs = page.get_by_label("Pairs")
         expect(pairs.get_by_text("done", exact=True)).to_be_visible()  # the Data view, without Refresh
         page.get_by_role("tab", name="Loop").click()
-        rounds_table = page.locator("div").filter(has_text="Rounds, newest first").locator("table").first
-        expect(rounds_table.get_by_text("v2 → v3", exact=True)).to_be_visible()
+        rounds_table = page.get_by_role("grid", name=re.compile("^Rounds, newest first"))
+        expect(rounds_table.get_by_role("row")).to_have_count(4)  # the header and three rounds, without Refresh
+        expect(rounds_table.get_by_role("gridcell", name="v2 → v3", exact=True)).to_be_visible()
+        ratings = page.get_by_role("grid", name=re.compile("^Bradley-Terry ratings"))
         for version in ("v0", "v1", "v2", "v3"):
-            expect(page.get_by_text(version, exact=True).first).to_be_visible()
+            expect(ratings.get_by_role("gridcell", name=version, exact=True)).to_be_visible()
         # Each round's verdict is on screen at 1400 px: the win-rate and votes columns are not cut off.
         for header in ("win rate [95% CI]", "votes"):
-            box = rounds_table.get_by_text(header, exact=True).first.bounding_box()
+            box = rounds_table.get_by_role("columnheader", name=header, exact=True).bounding_box()
             assert box is not None and box["x"] + box["width"] <= 1400, (header, box)
         chosen = page.get_by_label("Reward model for the round")
         expect(chosen).to_have_value("a new one, trained on every vote so far")
