@@ -1,6 +1,7 @@
 """`tether backup` while annotators vote, through the running server, and `tether restore` elsewhere."""
 
 import hashlib
+import json
 import random
 import threading
 import time
@@ -107,3 +108,14 @@ def test_restore_never_overwrites_a_project_and_backup_never_overwrites_a_direct
     not_a_backup = run_tether("restore", str(tmp_path / "busy"), "--project", str(tmp_path / "new"))
     assert not_a_backup.returncode == 1 and "is not a Tether backup" in not_a_backup.stderr
     assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.partial-*"))
+
+
+def test_restore_refuses_a_manifest_naming_paths_outside_the_backup(tiny_project, tmp_path):
+    dest = tmp_path / "backup"
+    run_tether("backup", str(dest), "--project", str(tiny_project), check=True)
+    manifest = json.loads((dest / "backup.json").read_text())
+    (tmp_path / "secret").mkdir()
+    (dest / "backup.json").write_text(json.dumps(manifest | {"adapters": ["../secret"]}))
+    refused = run_tether("restore", str(dest), "--project", str(tmp_path / "new" / "project"))
+    assert refused.returncode == 1 and "field 'adapters': '../secret' is not a version directory" in refused.stderr
+    assert not (tmp_path / "new" / "project").exists() and not (tmp_path / "new" / "secret").exists()

@@ -8,6 +8,7 @@ version row exists, so they are copied after the snapshot, outside it.
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from store.jobs import registered_adapter_paths
 from ui.project import CONFIG_FILE, DATABASE_FILE
 
 MANIFEST = "backup.json"
+ADAPTER_PATH = re.compile(r"(reward_models|policies)/v[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ def restore(src: Path, root: Path) -> Backup:
         manifest = json.loads((src / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise StoreError(f"{src} is not a Tether backup ({MANIFEST}: {e})") from None
+    for adapter in manifest["adapters"]:  # names from a file: nothing outside the backup is read, or outside root written
+        if not ADAPTER_PATH.fullmatch(adapter):
+            raise StoreError(f"{src / MANIFEST}: field 'adapters': {adapter!r} is not a version directory such as reward_models/v1")
     root.parent.mkdir(parents=True, exist_ok=True)
     with _made_whole(root) as partial:
         for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
