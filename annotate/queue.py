@@ -1,9 +1,19 @@
-"""How pairs are queued for annotators: the serving strategy, leases and overlap."""
+"""How pairs are queued for annotators: the serving strategy, leases and overlap, and the queue the server keeps in memory."""
 
+import heapq
+import math
 import random
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta
+from typing import Any, Callable, NoReturn
 
-from store.queue import ORDERINGS
+from store.db import Connection, transaction
+from store.queue import (
+    ORDERINGS, Assignment, OpenPair, QueueError, close_lease, insert_lease, insert_skip, lease_record, open_leases,
+    open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
+)
+from store.votes import Vote, checked_comment, earlier_vote, insert_vote, stored_choice
 
 
 @dataclass
@@ -30,3 +40,314 @@ class QueueConfig:
 
     def draw_votes_wanted(self) -> int:
         return self.overlap_votes if random.random() < self.overlap_share else 1
+
+
+# Each strategy's order as a sort key; the random part breaks ties, as random() does in the SQL.
+SORT_KEYS: dict[str, Callable[[OpenPair, float], tuple]] = {
+    "random": lambda pair, r: (r,),
+    "newest_policy_first": lambda pair, r: (-pair.newest_policy, r),
+    "uncertain": lambda pair, r: (math.inf if pair.reward_gap is None else pair.reward_gap, r),
+}
+
+
+@dataclass(slots=True)
+class _Pair:
+    prompt_id: int
+    completion_a: int
+    completion_b: int
+    votes_wanted: int
+    votes: int
+    key: tuple
+    live: int = 0  # leases not closed and not run out
+    leases: list[str] = field(default_factory=list)  # leases not closed, run out or not
+
+    @property
+    def room(self) -> int:
+        return self.votes_wanted - self.votes - self.live
+
+
+@dataclass(slots=True)
+class _Lease:
+    token: str
+    pair_id: int
+    annotator: str
+    served_at: datetime
+    expires_at: datetime
+    shown_left: int
+    live: bool
+
+
+class LiveQueue:
+    """The queue as the one writer keeps it in memory, so that serving a pair, checking a vote and
+    counting what is left never scan the tables.
+
+    DuckDB stays the truth: each change is written and committed there first, and `load` rebuilds
+    this from it. Only pairs that still want votes are held; a pair leaves when its last wanted
+    vote comes in. Serving walks the strategy's order from the first pair still wanting votes,
+    passing over pairs leased to capacity and pairs the annotator has seen, so its cost is bounded
+    by the open leases and the annotator's own unfinished pairs, not by the size of the project.
+    `now` must not go backwards between calls: leases run out in the order of their expiry.
+    """
+
+    def __init__(self, config: QueueConfig):
+        self.config = config
+        self._stale = True
+
+    @classmethod
+    def load(cls, con: Connection, config: QueueConfig, now: datetime) -> "LiveQueue":
+        queue = cls(config)
+        queue._rebuild(con, now)
+        return queue
+
+    def _rebuild(self, con: Connection, now: datetime) -> None:
+        self.pairs: dict[int, _Pair] = {}
+        self.leases: dict[str, _Lease] = {}
+        self.expiries: list[tuple[datetime, str]] = []  # a heap of the live leases' ends
+        self.seen: dict[str, set[int]] = defaultdict(set)  # per annotator, pairs still held here
+        self.leased_to: dict[str, list[str]] = defaultdict(list)  # per annotator, leases not closed
+        self.order: list[int] = []
+        self.head = 0  # order[:head] are all answered
+        self.available = 0  # pairs with room for another lease
+        self.last_pair_id = 0
+        self.day = now.date()
+        self.votes_on_day: Counter[str] = Counter(votes_by_annotator_since(con, datetime.combine(self.day, time())))
+        self._add_pairs(con, now)
+        for record in sorted(open_leases(con), key=lambda r: r.served_at):
+            if record.pair_id in self.pairs:
+                self._hold(_Lease(record.token, record.pair_id, record.annotator, record.served_at,
+                                        record.expires_at, record.shown_left, record.expires_at > now))
+        self._stale = False
+
+    def add_new_pairs(self, con: Connection, now: datetime) -> int:
+        """Take in the pairs stored since the last look (a generation job's); return how many."""
+        if self._stale:
+            self._rebuild(con, now)
+            return 0
+        return self._add_pairs(con, now)
+
+    def _add_pairs(self, con: Connection, now: datetime) -> int:
+        new = open_pairs(con, after=self.last_pair_id)
+        if not new:
+            return 0
+        key = SORT_KEYS[self.config.strategy]
+        for pair in new:
+            self.pairs[pair.id] = _Pair(pair.prompt_id, pair.completion_a, pair.completion_b, pair.votes_wanted,
+                                        pair.votes, key(pair, random.random()))
+            self.available += 1
+        for annotator, pair_id in seen_pairs(con, after=self.last_pair_id):
+            if pair_id in self.pairs:
+                self.seen[annotator].add(pair_id)
+        self.last_pair_id = new[-1].id
+        new_ids = sorted((p.id for p in new), key=lambda i: self.pairs[i].key)
+        kept = [i for i in self.order[self.head:] if i in self.pairs]
+        self.order = list(heapq.merge(kept, new_ids, key=lambda i: self.pairs[i].key))
+        self.head = 0
+        return len(new)
+
+    def reorder(self, con: Connection, now: datetime) -> None:
+        """Sort again by fresh scores (after a reward model scored completions), for the 'uncertain' order."""
+        if self.config.strategy == "uncertain":
+            self._stale = True
+        self.add_new_pairs(con, now)
+
+    # ---- what annotators do ----
+
+    def serve(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
+        """The annotator's open lease if they have one, else a new lease on the next pair in order."""
+        return self._change(con, now, lambda: self._lease_for(con, annotator, now))
+
+    def vote(self, con: Connection, annotator: str, token: str, screen_choice: str, strength: str | None,
+             comment: str | None, now: datetime) -> tuple[Vote, Assignment | None]:
+        """Store the vote and lease the next pair, in one transaction; submitting it twice stores it once."""
+        comment = checked_comment(screen_choice, strength, comment)
+
+        def vote_then_serve() -> tuple[Vote, Assignment | None]:
+            lease = self.leases.get(token)
+            if lease is None:
+                vote = earlier_vote(con, annotator, token)
+                if vote is None:
+                    self._refuse_closed(con, annotator, token, "you skipped this pair")
+            else:
+                vote = self._vote(con, lease, annotator, screen_choice, strength, comment, now)
+            return vote, self._lease_for(con, annotator, now)
+
+        return self._change(con, now, vote_then_serve)
+
+    def skip(self, con: Connection, annotator: str, token: str, now: datetime) -> Assignment | None:
+        """Close the lease, never serve this pair to this annotator again, and lease the next pair."""
+
+        def skip_then_serve() -> Assignment | None:
+            lease = self.leases.get(token)
+            if lease is None:
+                self._refuse_closed(con, annotator, token, "you have answered this pair already")
+            if lease.annotator != annotator:
+                raise QueueError("this pair was not served to you")
+            insert_skip(con, lease.pair_id, annotator, now)
+            close_lease(con, token, now)
+            self._close(lease)
+            return self._lease_for(con, annotator, now)
+
+        return self._change(con, now, skip_then_serve)
+
+    def pairs_left(self, annotator: str, now: datetime) -> int:
+        """Pairs this annotator could still be served, from counters."""
+        self._run_out(now)
+        seen = self.seen.get(annotator, set())
+        for pair_id in [p for p in seen if p not in self.pairs]:
+            seen.discard(pair_id)  # answered by everyone who should: kept no longer
+        return self.available - sum(1 for p in seen if self.pairs[p].room > 0)
+
+    def pair_states(self, con: Connection, now: datetime) -> dict[str, int]:
+        """Pairs by state, as store.stats.pair_states counts them, from this queue and two counts."""
+        self._run_out(now)
+        total, retired = pair_totals(con)
+        leased = sum(1 for pair in self.pairs.values() if pair.live)
+        return {"waiting": len(self.pairs) - leased, "leased": leased, "done": total - retired - len(self.pairs), "retired": retired}
+
+    def votes_today(self, annotator: str, now: datetime) -> int:
+        return self.votes_on_day[annotator] if now.date() == self.day else 0
+
+    def release(self, annotator: str, now: datetime) -> None:
+        """The annotator's leases run out now (the account was disabled), so their pairs go back to the queue."""
+        for token in self.leased_to.get(annotator, []):
+            lease = self.leases[token]
+            if lease.live:
+                lease.expires_at = now
+                self._end_live(lease)
+
+    # ---- inside ----
+
+    def _change(self, con: Connection, now: datetime, change: Callable[[], Any]) -> Any:
+        """Run a change in one transaction. If it fails after this memory was changed (the disk is full,
+        say), the database kept none of it, so this is rebuilt from the database before the next use."""
+        if self._stale:
+            self._rebuild(con, now)
+        self._run_out(now)
+        try:
+            with transaction(con):
+                return change()
+        except QueueError:
+            raise  # refused before anything changed
+        except BaseException:
+            self._stale = True
+            raise
+
+    def _vote(self, con: Connection, lease: _Lease, annotator: str, screen_choice: str, strength: str | None,
+              comment: str | None, now: datetime) -> Vote:
+        if lease.annotator != annotator:
+            raise QueueError("this pair was not served to you")
+        pair = self.pairs[lease.pair_id]
+        if not lease.live and pair.room <= 0:
+            raise QueueError("your time on this pair ran out and others have answered it; here is another")
+        choice = stored_choice(screen_choice, lease.shown_left == pair.completion_a)
+        insert_vote(con, lease.pair_id, annotator, choice, strength, comment, now - lease.served_at, lease.token, "app", now)
+        close_lease(con, lease.token, now)
+        self._close(lease)
+        self._adjust(lease.pair_id, votes=1)
+        if now.date() != self.day:
+            self.day = now.date()
+            self.votes_on_day.clear()
+        self.votes_on_day[annotator] += 1
+        return Vote(lease.pair_id, choice, repeated=False)
+
+    def _refuse_closed(self, con: Connection, annotator: str, token: str, closed: str) -> NoReturn:
+        """Why a token that is not an open lease here cannot be answered, from the database."""
+        record = lease_record(con, token)
+        if record is None or record.annotator != annotator:
+            raise QueueError("this pair was not served to you")
+        if record.retired:
+            raise QueueError("this pair was retired; here is another")
+        if record.closed:
+            raise QueueError(closed)
+        raise QueueError("your time on this pair ran out and others have answered it; here is another")
+
+    def _lease_for(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
+        for token in reversed(self.leased_to.get(annotator, [])):  # the newest first
+            if self.leases[token].live:
+                return self._assignment(con, self.leases[token])
+        pair_id = self._next_pair_for(annotator)
+        if pair_id is None:
+            return None
+        pair = self.pairs[pair_id]
+        shown_left = random.choice([pair.completion_a, pair.completion_b])
+        token = insert_lease(con, pair_id, annotator, shown_left, now, self.config.lease_seconds)
+        lease = _Lease(token, pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left, True)
+        self._hold(lease)
+        return self._assignment(con, lease)
+
+    def _next_pair_for(self, annotator: str) -> int | None:
+        order, pairs = self.order, self.pairs
+        while self.head < len(order) and order[self.head] not in pairs:
+            self.head += 1
+        seen = self.seen.get(annotator, ())
+        chosen, gone, end = None, 0, len(order)
+        for end in range(self.head, len(order)):
+            pair = pairs.get(order[end])
+            if pair is None:
+                gone += 1
+            elif pair.room > 0 and order[end] not in seen:
+                chosen = order[end]
+                break
+        if gone > 256:  # answered pairs behind one nobody can take yet: drop them, so the next walk is short
+            order[self.head:end] = [p for p in order[self.head:end] if p in pairs]
+        return chosen
+
+    def _assignment(self, con: Connection, lease: _Lease) -> Assignment:
+        pair = self.pairs[lease.pair_id]
+        right = pair.completion_b if lease.shown_left == pair.completion_a else pair.completion_a
+        messages, left_text, right_text = served_texts(con, pair.prompt_id, lease.shown_left, right)
+        return Assignment(lease.token, lease.pair_id, messages, left_text, right_text, lease.served_at)
+
+    def _hold(self, lease: _Lease) -> None:
+        self.leases[lease.token] = lease
+        self.pairs[lease.pair_id].leases.append(lease.token)
+        self.leased_to[lease.annotator].append(lease.token)
+        self.seen[lease.annotator].add(lease.pair_id)
+        if lease.live:
+            heapq.heappush(self.expiries, (lease.expires_at, lease.token))
+            self._adjust(lease.pair_id, live=1)
+
+    def _close(self, lease: _Lease) -> None:
+        del self.leases[lease.token]
+        self.pairs[lease.pair_id].leases.remove(lease.token)
+        self.leased_to[lease.annotator].remove(lease.token)
+        if lease.live:
+            lease.live = False
+            self._adjust(lease.pair_id, live=-1)
+
+    def _end_live(self, lease: _Lease) -> None:
+        lease.live = False
+        self._adjust(lease.pair_id, live=-1)
+
+    def _run_out(self, now: datetime) -> None:
+        while self.expiries and self.expiries[0][0] <= now:
+            _, token = heapq.heappop(self.expiries)
+            lease = self.leases.get(token)
+            if lease is not None and lease.live and lease.expires_at <= now:
+                self._end_live(lease)
+
+    def _adjust(self, pair_id: int, votes: int = 0, live: int = 0) -> None:
+        """Count a vote or a lease on a pair; a pair with all its votes leaves."""
+        pair = self.pairs[pair_id]
+        had_room = pair.room > 0
+        pair.votes += votes
+        pair.live += live
+        self.available += (pair.room > 0) - had_room
+        if pair.votes >= pair.votes_wanted:
+            del self.pairs[pair_id]
+            for token in pair.leases:  # run out: a late vote on one is refused from the database's record
+                lease = self.leases.pop(token)
+                self.leased_to[lease.annotator].remove(token)
+
+    def state(self, now: datetime) -> dict[str, Any]:
+        """What this queue holds, in a form to compare with another: to check it against a rebuild."""
+        self._run_out(now)
+        seen = {a: sorted(p for p in pairs if p in self.pairs) for a, pairs in sorted(self.seen.items())}
+        return {
+            "pairs": {i: [p.votes, p.votes_wanted, p.live, sorted(p.leases)] for i, p in sorted(self.pairs.items())},
+            "leases": {t: [x.pair_id, x.annotator, x.live] for t, x in sorted(self.leases.items())},
+            "leased_to": {a: sorted(tokens) for a, tokens in sorted(self.leased_to.items()) if tokens},
+            "seen": {a: pairs for a, pairs in seen.items() if pairs},
+            "available": self.available,
+            "votes_today": dict(sorted((a, n) for a, n in self.votes_on_day.items() if n)) if now.date() == self.day else {},
+        }

@@ -64,15 +64,26 @@ def serve(con: Connection, annotator: str, strategy: str, lease_seconds: int, no
             if row is None:
                 return None
             pair_id, a, b = row
-            token = secrets.token_urlsafe(16)
-            con.execute(
-                """
-                INSERT INTO assignments (pair_id, annotator, served_at, shown_left, token, expires_at)
-                VALUES (?, ?, ?, ?, ?, ?)
-                """,
-                [pair_id, annotator, now, random.choice([a, b]), token, now + timedelta(seconds=lease_seconds)],
-            )
+            token = insert_lease(con, pair_id, annotator, random.choice([a, b]), now, lease_seconds)
         return _assignment(con, token)
+
+
+def insert_lease(con: Connection, pair_id: int, annotator: str, shown_left: int, now: datetime, lease_seconds: int) -> str:
+    """Store a new lease and return its token."""
+    token = secrets.token_urlsafe(16)
+    con.execute(
+        "INSERT INTO assignments (pair_id, annotator, served_at, shown_left, token, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+        [pair_id, annotator, now, shown_left, token, now + timedelta(seconds=lease_seconds)],
+    )
+    return token
+
+
+def close_lease(con: Connection, token: str, now: datetime) -> None:
+    con.execute("UPDATE assignments SET closed_at = ? WHERE token = ?", [now, token])
+
+
+def insert_skip(con: Connection, pair_id: int, annotator: str, now: datetime) -> None:
+    con.execute("INSERT INTO skips (pair_id, annotator, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [pair_id, annotator, now])
 
 
 def _open_token(con: Connection, annotator: str, now: datetime) -> str | None:
@@ -107,8 +118,8 @@ def skip(con: Connection, annotator: str, token: str, now: datetime) -> None:
     """Close the assignment and never serve this pair to this annotator again."""
     with transaction(con):
         pair_id = _own_open_assignment(con, annotator, token)
-        con.execute("INSERT INTO skips (pair_id, annotator, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [pair_id, annotator, now])
-        con.execute("UPDATE assignments SET closed_at = ? WHERE token = ?", [now, token])
+        insert_skip(con, pair_id, annotator, now)
+        close_lease(con, token, now)
 
 
 def _own_open_assignment(con: Connection, annotator: str, token: str) -> int:
@@ -135,3 +146,98 @@ def release_leases(con: Connection, now: datetime) -> int:
     return con.execute(
         "UPDATE assignments SET expires_at = ? WHERE closed_at IS NULL AND expires_at > ?", [now, now]
     ).fetchone()[0]
+
+
+# ---- for the server's queue in memory (annotate.queue.LiveQueue): point lookups and its rebuild ----
+
+def served_texts(con: Connection, prompt_id: int, left: int, right: int) -> tuple[str, str, str]:
+    """The prompt's messages (JSON) and the two completions' texts, by id: index lookups, not joins."""
+    messages = con.execute("SELECT messages FROM prompts WHERE id = ?", [prompt_id]).fetchone()[0]
+    texts = dict(con.execute("SELECT id, text FROM completions WHERE id IN (?, ?)", [left, right]).fetchall())
+    return messages, texts[left], texts[right]
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    token: str
+    pair_id: int
+    annotator: str
+    served_at: datetime
+    expires_at: datetime
+    shown_left: int
+    closed: bool
+    retired: bool
+
+
+def lease_record(con: Connection, token: str) -> LeaseRecord | None:
+    row = con.execute(
+        "SELECT token, pair_id, annotator, served_at, expires_at, shown_left, closed_at IS NOT NULL FROM assignments WHERE token = ?",
+        [token],
+    ).fetchone()
+    if row is None:
+        return None
+    retired = con.execute("SELECT retired FROM pairs WHERE id = ?", [row[1]]).fetchone()[0]
+    return LeaseRecord(*row, retired)
+
+
+@dataclass(frozen=True)
+class OpenPair:
+    """A pair that still wants votes, with what each serving order sorts it by."""
+
+    id: int
+    prompt_id: int
+    completion_a: int
+    completion_b: int
+    votes_wanted: int
+    votes: int
+    newest_policy: int  # -1 when neither completion is a policy's
+    reward_gap: float | None  # None until a reward model has scored both
+
+
+def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
+    """Pairs that are not retired and have fewer votes than wanted, with ids above `after`."""
+    rows = con.execute(
+        """
+        SELECT p.id, p.prompt_id, p.completion_a, p.completion_b, p.votes_wanted, coalesce(v.votes, 0),
+               greatest(coalesce(ca.policy_version, -1), coalesce(cb.policy_version, -1)), abs(ca.reward - cb.reward)
+        FROM pairs p
+        JOIN completions ca ON ca.id = p.completion_a
+        JOIN completions cb ON cb.id = p.completion_b
+        LEFT JOIN (SELECT pair_id, count(*) AS votes FROM comparisons GROUP BY pair_id) v ON v.pair_id = p.id
+        WHERE p.id > ? AND NOT p.retired AND coalesce(v.votes, 0) < p.votes_wanted
+        ORDER BY p.id
+        """,
+        [after],
+    ).fetchall()
+    return [OpenPair(*row) for row in rows]
+
+
+def open_leases(con: Connection) -> list[LeaseRecord]:
+    """Every lease not closed by a vote or a skip, lapsed ones included (a late vote may still count)."""
+    rows = con.execute(
+        """
+        SELECT s.token, s.pair_id, s.annotator, s.served_at, s.expires_at, s.shown_left, false, p.retired
+        FROM assignments s JOIN pairs p ON p.id = s.pair_id WHERE s.closed_at IS NULL
+        """
+    ).fetchall()
+    return [LeaseRecord(*row) for row in rows]
+
+
+def seen_pairs(con: Connection, after: int = 0) -> list[tuple[str, int]]:
+    """(annotator, pair) for every pair served to or answered by an annotator, with pair ids above `after`."""
+    return con.execute(
+        """
+        SELECT annotator, pair_id FROM assignments WHERE pair_id > $after
+        UNION SELECT annotator, pair_id FROM comparisons WHERE pair_id > $after
+        """,
+        {"after": after},
+    ).fetchall()
+
+
+def votes_by_annotator_since(con: Connection, since: datetime) -> dict[str, int]:
+    return dict(con.execute("SELECT annotator, count(*) FROM comparisons WHERE created_at >= ? GROUP BY annotator", [since]).fetchall())
+
+
+def pair_totals(con: Connection) -> tuple[int, int]:
+    """How many pairs there are, and how many of them are retired."""
+    return con.execute("SELECT count(*), count(*) FILTER (WHERE retired) FROM pairs").fetchone()

@@ -1,10 +1,10 @@
 """Votes: one comparison per annotator and pair, stored against completions, never screen sides."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from store.db import Connection, transaction
-from store.queue import QueueError
+from store.queue import QueueError, close_lease
 
 SCREEN_CHOICES = ("left", "right", "tie", "both_bad")
 STRENGTHS = ("slight", "much")
@@ -29,19 +29,10 @@ def record_vote(
     source: str = "app",
 ) -> Vote:
     """Store the annotator's answer to the assignment `token`; submitting it twice stores it once."""
-    if screen_choice not in SCREEN_CHOICES:
-        raise QueueError(f"choice must be one of {', '.join(SCREEN_CHOICES)}, got {screen_choice!r}")
-    if strength not in (None, *STRENGTHS):
-        raise QueueError(f"strength must be one of {', '.join(STRENGTHS)} or none, got {strength!r}")
-    comment = (comment or "").strip() or None
-    if comment and len(comment) > MAX_COMMENT_CHARS:
-        raise QueueError(f"the comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")
+    comment = checked_comment(screen_choice, strength, comment)
     with transaction(con):
-        earlier = con.execute("SELECT pair_id, choice, annotator FROM comparisons WHERE client_token = ?", [token]).fetchone()
-        if earlier:
-            if earlier[2] != annotator:
-                raise QueueError("this pair was not served to you")
-            return Vote(earlier[0], earlier[1], repeated=True)
+        if earlier := earlier_vote(con, annotator, token):
+            return earlier
         row = con.execute(
             """
             SELECT s.pair_id, s.annotator, s.closed_at, s.expires_at, s.served_at, s.shown_left = p.completion_a,
@@ -63,17 +54,49 @@ def record_vote(
             raise QueueError("you skipped this pair")
         if expires_at <= now and taken >= votes_wanted:
             raise QueueError("your time on this pair ran out and others have answered it; here is another")
-        choice = {"left": "a" if a_on_left else "b", "right": "b" if a_on_left else "a"}.get(screen_choice, screen_choice)
-        con.execute(
-            """
-            INSERT INTO comparisons (pair_id, annotator, choice, strength, comment, elapsed_ms, client_token, source, created_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """,
-            [pair_id, annotator, choice, strength if choice in ("a", "b") else None, comment,
-             int((now - served_at).total_seconds() * 1000), token, source, now],
-        )
-        con.execute("UPDATE assignments SET closed_at = ? WHERE token = ?", [now, token])
+        choice = stored_choice(screen_choice, a_on_left)
+        insert_vote(con, pair_id, annotator, choice, strength, comment, now - served_at, token, source, now)
+        close_lease(con, token, now)
     return Vote(pair_id, choice, repeated=False)
+
+
+def checked_comment(screen_choice: str, strength: str | None, comment: str | None) -> str | None:
+    """Refuse a bad choice, strength or comment; return the comment as stored."""
+    if screen_choice not in SCREEN_CHOICES:
+        raise QueueError(f"choice must be one of {', '.join(SCREEN_CHOICES)}, got {screen_choice!r}")
+    if strength not in (None, *STRENGTHS):
+        raise QueueError(f"strength must be one of {', '.join(STRENGTHS)} or none, got {strength!r}")
+    comment = (comment or "").strip() or None
+    if comment and len(comment) > MAX_COMMENT_CHARS:
+        raise QueueError(f"the comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")
+    return comment
+
+
+def earlier_vote(con: Connection, annotator: str, token: str) -> Vote | None:
+    """The vote already stored with this token, if any: a double submit stores nothing new."""
+    earlier = con.execute("SELECT pair_id, choice, annotator FROM comparisons WHERE client_token = ?", [token]).fetchone()
+    if earlier is None:
+        return None
+    if earlier[2] != annotator:
+        raise QueueError("this pair was not served to you")
+    return Vote(earlier[0], earlier[1], repeated=True)
+
+
+def stored_choice(screen_choice: str, a_on_left: bool) -> str:
+    """The choice against the pair's completions, from the side of the screen chosen."""
+    return {"left": "a" if a_on_left else "b", "right": "b" if a_on_left else "a"}.get(screen_choice, screen_choice)
+
+
+def insert_vote(con: Connection, pair_id: int, annotator: str, choice: str, strength: str | None, comment: str | None,
+                elapsed: timedelta, token: str, source: str, now: datetime) -> None:
+    con.execute(
+        """
+        INSERT INTO comparisons (pair_id, annotator, choice, strength, comment, elapsed_ms, client_token, source, created_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        [pair_id, annotator, choice, strength if choice in ("a", "b") else None, comment,
+         int(elapsed.total_seconds() * 1000), token, source, now],
+    )
 
 
 def votes_since(con: Connection, annotator: str, since: datetime) -> int:

@@ -9,7 +9,7 @@ from gradio_client import Client
 
 from store import open_database
 from store.queue import serve
-from tests.conftest import RunningServer, add_pairs, add_users
+from tests.conftest import RunningServer, add_pairs, add_users, run_tether
 
 ANNOTATORS = 16
 VOTES_EACH = 25
@@ -130,3 +130,40 @@ def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
             ).fetchall()
         }
         assert still_wanted and still_wanted <= served  # the unanswered pairs are back in the queue
+
+
+def test_a_kill_9_under_full_load_at_100k_pairs_loses_no_vote_and_the_queue_rebuilds_the_same(tiny_project):
+    """Annotators vote as fast as the server answers on a project of 100,000 pairs; the server is killed
+    and restarted, and voting goes on. Every acknowledged vote is stored, no pair gets more votes than it
+    wants, and the restarted server's queue in memory equals one rebuilt from the database."""
+    add_pairs(tiny_project, prompts=100_000, overlap_share=0.3)
+    add_users(tiny_project, {f"annotator{i:02d}": "annotator" for i in range(ANNOTATORS)}, PASSWORD)
+    server = RunningServer(tiny_project)
+    before = cast_votes(server.url, votes_each=10**6)
+    while sum(len(a.acknowledged) for a in before) < 150:
+        threading.Event().wait(0.05)
+    server.crash()
+    for a in before:
+        a.join(timeout=60)
+
+    restarted = RunningServer(tiny_project)
+    try:
+        after = cast_votes(restarted.url, votes_each=10)
+        for a in after:
+            a.join(timeout=300)
+        assert [a.error for a in after] == [None] * ANNOTATORS
+        check = run_tether("check-queue", "--project", str(tiny_project))  # through the running server
+        assert check.returncode == 0 and "matches the database" in check.stdout, check.stderr
+    finally:
+        restarted.stop()
+
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        stored = {row[0] for row in con.execute("SELECT client_token FROM comparisons").fetchall()}
+        over_wanted = con.execute("""
+            SELECT count(*) FROM pairs p JOIN (SELECT pair_id, count(*) AS votes FROM comparisons GROUP BY pair_id) c
+            ON c.pair_id = p.id WHERE c.votes > p.votes_wanted
+        """).fetchone()[0]
+    acknowledged = {t for a in before + after for t in a.acknowledged}
+    assert len(acknowledged) >= 150 + ANNOTATORS * 10
+    assert acknowledged <= stored
+    assert over_wanted == 0

@@ -28,16 +28,16 @@ from starlette.middleware import Middleware
 
 from annotate.agreement import fleiss_kappa, percent_agreement
 from annotate.export import export_preferences
+from annotate.queue import LiveQueue
 from store import StoreError
-from store.db import Connection, NotSaved, transaction, utcnow
+from store.db import Connection, NotSaved, utcnow
 from store.prompts import import_prompt_file
-from store.queue import Assignment, QueueError, pairs_left, release_leases, serve, skip
+from store.queue import Assignment, QueueError, release_leases
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
-from store.jobs import get_job, list_jobs, metric_series
+from store.jobs import Job, get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
-from store.stats import annotator_stats, overlapped_choices, pair_states
+from store.stats import annotator_stats, overlapped_choices
 from store.users import ROLES, User, account_events, add_user, get_user, list_users, set_disabled, set_password_hash
-from store.votes import record_vote, votes_since
 from train.errors import ModelError
 from train.jobdir import log_tail, read_events
 from ui import control
@@ -89,6 +89,7 @@ ROUND_COLUMNS = [
 ]
 # The reward-model choice that starts a round by training a new one.
 NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
+DATA_REFRESH_SECONDS = 10
 
 # The PPO statistics the Loop tab plots per step, with their titles.
 PPO_CURVES = {
@@ -120,11 +121,12 @@ class Server:
             print(line)
         if rounds := self.db(fail_interrupted_rounds, utcnow()):
             print(f"marked {rounds} rounds failed: the last run stopped during them")
+        self.queue = self.db(LiveQueue.load, project.config.queue, utcnow())
         self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
         self.sessions: dict[str, str] = {}  # Gradio's session cookies and their account names, once serving
-        self.jobs = JobQueue(project, self.db)
+        self.jobs = JobQueue(project, self.db, on_done=self._job_done)
         self.jobs.start()
 
     def db(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -141,6 +143,21 @@ class Server:
         finally:
             con.close()
 
+    def check_queue(self) -> dict[str, dict[str, Any]]:
+        """The queue held in memory against one rebuilt from the database now: the parts that differ, if any."""
+        with self.lock:
+            now = utcnow()
+            held = self.queue.state(now)
+            rebuilt = LiveQueue.load(self.con, self.project.config.queue, now).state(now)
+        return {part: {"held": held[part], "rebuilt": rebuilt[part]} for part in held if held[part] != rebuilt[part]}
+
+    def _job_done(self, job: Job) -> None:
+        """Bring the queue in memory up to date with what a finished job stored."""
+        if job.kind == "generate":
+            self.db(self.queue.add_new_pairs, utcnow())
+        elif job.kind == "score":
+            self.db(self.queue.reorder, utcnow())
+
     def account_changed(self, name: str) -> None:
         """After a new password or a disable: the account must sign in again wherever it is signed in.
 
@@ -148,7 +165,10 @@ class Server:
         it is disabled they are kept, so that each request from them is refused with the reason.
         """
         user = self.db(get_user, name)
-        if user is None or user.disabled:
+        if user is None:
+            return
+        if user.disabled:  # its leases ended in the database; here too, so its pairs are served to others
+            self.db(lambda con: self.queue.release(name, utcnow()))
             return
         for token, account in list(self.sessions.items()):
             if account == name:
@@ -260,42 +280,38 @@ class Handlers:
 
     def next_pair(self, request: gr.Request, message: str = "") -> tuple:
         user = self.server.user(request)
-        now = utcnow()
-        return self._show(user, self.server.db(self._serve, user.name, now), now, message)
+        return self._then_show(user, lambda con, queue, now: queue.serve(con, user.name, now), message)
 
     def vote(self, choice: str, token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
+        """Store the vote and lease the next pair in one transaction: if it cannot be saved, neither is, and
+        the annotator is told; a vote is never stored while its reply is an error."""
         user = self.server.user(request)
-        return self._then_next_pair(request, user, lambda con, now: record_vote(
-            con, user.name, token, choice, STRENGTHS.get(strength or ""), comment, now))
+        try:
+            return self._then_show(user, lambda con, queue, now: queue.vote(
+                con, user.name, token, choice, STRENGTHS.get(strength or ""), comment, now)[1])
+        except QueueError as e:
+            return self.next_pair(request, str(e))
 
     def skip_pair(self, token: str, request: gr.Request) -> tuple:
         user = self.server.user(request)
-        return self._then_next_pair(request, user, lambda con, now: skip(con, user.name, token, now))
-
-    def _then_next_pair(self, request: gr.Request, user: User, answer: Callable[[Connection, datetime], Any]) -> tuple:
-        """Store the annotator's answer and lease the next pair in one transaction: if it cannot be saved,
-        neither is, and the annotator is told; an answer is never stored while its reply is an error."""
-        now = utcnow()
-
-        def answer_then_serve(con: Connection) -> Assignment | None:
-            with transaction(con):
-                answer(con, now)
-                return self._serve(con, user.name, now)
-
         try:
-            assignment = self.server.db(answer_then_serve)
+            return self._then_show(user, lambda con, queue, now: queue.skip(con, user.name, token, now))
         except QueueError as e:
             return self.next_pair(request, str(e))
-        return self._show(user, assignment, now, "")
 
-    def _serve(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
-        queue = self.server.project.config.queue
-        return serve(con, annotator, queue.strategy, queue.lease_seconds, now)
+    def _then_show(self, user: User, act: Callable[[Connection, LiveQueue, datetime], Assignment | None], message: str = "") -> tuple:
+        """Act on the queue, then show the pair it leaves on the annotator's screen, with the progress line
+        from the queue's counters: all in one turn at the database."""
+        queue, now = self.server.queue, utcnow()
 
-    def _show(self, user: User, assignment: Assignment | None, now: datetime, message: str) -> tuple:
-        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        votes = self.server.db(votes_since, user.name, today)
-        left = self.server.db(pairs_left, user.name, now) + (assignment is not None)
+        def act_and_count(con: Connection) -> tuple[Assignment | None, int, int]:
+            assignment = act(con, queue, now)
+            return assignment, queue.votes_today(user.name, now), queue.pairs_left(user.name, now)
+
+        assignment, votes, left = self.server.db(act_and_count)
+        return self._show(user, assignment, votes, left + (assignment is not None), message)
+
+    def _show(self, user: User, assignment: Assignment | None, votes: int, left: int, message: str) -> tuple:
         progress = f"{html.escape(user.name)}: {_count(votes, 'vote')} today · {_count(left, 'pair')} left"
         message = html.escape(message)
         if assignment is None:
@@ -311,20 +327,22 @@ class Handlers:
         ).outputs()
 
     def operator_controls(self, request: gr.Request) -> tuple:
-        """At sign-in: the operator tab and its job-list refresh, for operators only."""
+        """At sign-in: the operator tab and its refreshes, for operators only."""
         operator = self.server.user(request).role == "operator"
-        return gr.Tab(visible=operator), gr.Timer(active=operator)
+        return gr.Tab(visible=operator), gr.Timer(active=operator), gr.Timer(active=operator)
 
     # Operator handlers: each checks the caller's role before doing anything.
 
     def operator_data(self, request: gr.Request) -> tuple:
         self.server.operator(request)
-        states = self.server.db(pair_states, utcnow())
+        # The pair states from the queue's counters; the scans on a snapshot, beside the writer, so
+        # that a refresh does not hold up the annotators' votes.
+        states = self.server.db(self.server.queue.pair_states, utcnow())
         annotators = [
             [s.name, s.votes, _round(s.median_seconds, 1), _round(s.skip_rate, 3), _round(s.tie_rate, 3)]
-            for s in self.server.db(annotator_stats)
+            for s in self.server.snapshot(annotator_stats)
         ]
-        items = self.server.db(overlapped_choices)
+        items = self.server.snapshot(overlapped_choices)
         kappa, agreement = fleiss_kappa(items), percent_agreement(items)
         summary = (
             f"{len(items)} pairs with two or more votes · Fleiss' kappa {_figure(kappa)} · "
@@ -612,7 +630,7 @@ def _vote_for(handlers: Handlers, choice: str) -> Callable:
     return vote
 
 
-def build_operator_tab(handlers: Handlers, timer: gr.Timer, operator_tab: gr.Tab) -> None:
+def build_operator_tab(handlers: Handlers, timer: gr.Timer, data_timer: gr.Timer, operator_tab: gr.Tab) -> None:
     with gr.Tab("Data") as data_tab:
         refresh = gr.Button("Refresh")
         states = gr.Dataframe(headers=["pair state", "pairs"], label="Pairs", interactive=False)
@@ -624,10 +642,12 @@ def build_operator_tab(handlers: Handlers, timer: gr.Timer, operator_tab: gr.Tab
             handlers.operator_data, outputs=[states, annotators, agreement],
             api_name="operator_data", api_visibility="undocumented",
         )
-        # Data is the view the Operator tab opens on: it loads when either is opened.
+        # Data is the view the Operator tab opens on: it loads when either is opened, and follows the votes.
         for opened in (operator_tab, data_tab):
             opened.select(handlers.operator_data, outputs=[states, annotators, agreement], api_visibility="undocumented",
                           show_progress="hidden")
+        data_timer.tick(handlers.operator_data, outputs=[states, annotators, agreement], api_visibility="undocumented",
+                        show_progress="hidden")
     with gr.Tab("Prompts"):
         upload = gr.File(label="Prompt file (.jsonl, .csv, .parquet)", file_types=[".jsonl", ".csv", ".parquet", ".gz"])
         import_button = gr.Button("Import")
@@ -767,11 +787,12 @@ def build_app(server: Server) -> gr.Blocks:
         gr.Markdown("## Tether: which response is better?")
         with gr.Tab("Annotate"):
             view = build_annotate_tab(handlers)
-        # Refreshes the operator's job list; switched on at sign-in for operators only.
+        # Refresh the operator's views; switched on at sign-in for operators only.
         timer = gr.Timer(2, active=False)
+        data_timer = gr.Timer(DATA_REFRESH_SECONDS, active=False)  # the Data view's scans cost more: less often
         with gr.Tab("Operator", visible=False) as operator_tab:
-            build_operator_tab(handlers, timer, operator_tab)
-        app.load(handlers.operator_controls, outputs=[operator_tab, timer], api_visibility="private")
+            build_operator_tab(handlers, timer, data_timer, operator_tab)
+        app.load(handlers.operator_controls, outputs=[operator_tab, timer, data_timer], api_visibility="private")
         app.load(handlers.next_pair, outputs=view, api_name="next_pair", api_visibility="undocumented")
     return app
 

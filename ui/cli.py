@@ -624,6 +624,27 @@ def backup_command(dest: Path, project_dir: Path):
     click.echo(f"backed up {taken['votes']} votes and {len(taken['adapters'])} adapters to {dest}")
 
 
+@cli.command("check-queue")
+@project_option
+def check_queue_command(project_dir: Path):
+    """Compare the running server's queue in memory with one rebuilt from the database; exit 1 if they differ.
+
+    The server keeps the queue (votes and leases per pair, what each annotator has seen) in
+    memory and rebuilds it from the database at start; the two must always agree.
+
+    \b
+    Example:
+        tether check-queue --project demo
+    """
+    differences = run_action(load_project(project_dir), "check_queue")
+    if not differences:
+        click.echo("the queue in memory matches the database")
+        return
+    for part, both in differences.items():
+        click.echo(f"{part} differs:\n  in memory: {both['held']}\n  rebuilt:   {both['rebuilt']}", err=True)
+    sys.exit(1)
+
+
 @cli.command("restore")
 @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @project_option

@@ -65,6 +65,10 @@ ACTIONS: dict[str, Callable[..., Any]] = {
     "set_password": _set_password,
     "backup": _backup,
 }
+# Actions on the running server's own state, with no database-only form.
+SERVER_ACTIONS: dict[str, Callable[[Any], Any]] = {
+    "check_queue": lambda server: server.check_queue(),
+}
 # Actions that need no lock: the backup reads its own snapshot, so votes go on while it copies.
 SNAPSHOT_ACTIONS = {"backup"}
 # Actions on an account (their first argument) after which it must sign in again.
@@ -74,6 +78,8 @@ ACCOUNT_ACTIONS = {"set_disabled", "set_password"}
 def run_action(project: Project, action: str, *args: Any) -> Any:
     """Run an action through the running server if there is one, or on the database directly."""
     server = _running_server(project)
+    if server is None and action in SERVER_ACTIONS:
+        raise StoreError(f"no server is running for {project.root}")
     if server is None:
         return project.run(lambda con: ACTIONS[action](con, project, *args))
     try:
@@ -124,6 +130,8 @@ def routes(server: Any) -> list:
         if not secrets.compare_digest(given.encode(), server.control_token.encode()):
             return JSONResponse({"error": "not allowed"}, status_code=403)
         action = request.path_params["action"]
+        if action in SERVER_ACTIONS:
+            return JSONResponse(await asyncio.to_thread(SERVER_ACTIONS[action], server))
         if action not in ACTIONS:
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
         args = await request.json()

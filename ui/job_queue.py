@@ -7,11 +7,11 @@ tether.toml ([round] every_comparisons) says one is due.
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from store import StoreError
 from store.db import utcnow
-from store.jobs import cancel_if_queued, finish_job, get_job, next_queued
+from store.jobs import Job, cancel_if_queued, finish_job, get_job, next_queued
 from store.rounds import scheduled_round_due
 from train.jobdir import log_tail
 from ui.jobs import POLL_SECONDS, Run, job_dir, run_job
@@ -22,8 +22,8 @@ from ui.rounds import advance_round, start_round
 class JobQueue:
     """The app's job runner: one job at a time, oldest first, in a background thread."""
 
-    def __init__(self, project: Project, run: Run):
-        self.project, self.run = project, run
+    def __init__(self, project: Project, run: Run, on_done: Callable[[Job], None]):
+        self.project, self.run, self.on_done = project, run, on_done
         self.cancel_requested: set[int] = set()
         self.latest_progress: dict[int, dict[str, Any]] = {}  # job id -> the worker's newest progress event
         self.stopping = threading.Event()
@@ -72,6 +72,8 @@ class JobQueue:
             error = f"{type(e).__name__}: {' '.join(str(e).split())}"
             self.run(finish_job, job.id, "failed", utcnow(), f"{error}\n{log_tail(job_dir(self.project, job.id))}".strip())
             job = self.run(get_job, job.id)
+        if job.status == "done":
+            self.on_done(job)
         if job.round is not None:
             try:
                 advance_round(self.project, self.run, job)
