@@ -242,6 +242,12 @@ class AnnotateView:
         # The strength and comment inputs are cleared for the next pair.
         return self.token, self.prompt, self.left, self.right, self.progress, self.message, None, ""
 
+    @staticmethod
+    def refusal(message: str) -> tuple:
+        """Only the message line changes: the pair, and what was typed, stay on screen to try again."""
+        keep = gr.skip()
+        return keep, keep, keep, keep, keep, html.escape(message), keep, keep
+
 
 def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
     """An unexpected error reaches the user as a short message with an id; its details go to the server log under that id."""
@@ -610,24 +616,42 @@ def build_annotate_tab(handlers: Handlers) -> list:
     token = gr.Textbox(visible=False)
 
     view = [token, prompt, left, right, progress, message, strength, comment]
+    # Unqueued: a vote is one POST answered at once. Through Gradio's queue it would be a second
+    # request and an event stream, doubling Gradio's share of a vote's cost; the one writer's lock
+    # puts votes in order anyway.
     for choice, button in buttons.items():
         button.click(
             _vote_for(handlers, choice), inputs=[token, strength, comment], outputs=view,
-            api_name=f"vote_{choice}", api_visibility="undocumented", show_progress="hidden",
+            api_name=f"vote_{choice}", api_visibility="undocumented", show_progress="hidden", queue=False,
         )
     skip_button.click(
-        handlers.skip_pair, inputs=[token], outputs=view,
-        api_name="skip", api_visibility="undocumented", show_progress="hidden",
+        refusals_in_the_message_line(handlers.skip_pair), inputs=[token], outputs=view,
+        api_name="skip", api_visibility="undocumented", show_progress="hidden", queue=False,
     )
     return view
 
 
 def _vote_for(handlers: Handlers, choice: str) -> Callable:
     # A named function per button: Gradio finds the gr.Request parameter by inspecting it.
+    @refusals_in_the_message_line
     def vote(token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
         return handlers.vote(choice, token, strength, comment, request)
 
     return vote
+
+
+def refusals_in_the_message_line(handler: Callable[..., tuple]) -> Callable[..., tuple]:
+    """The annotate tab's events are unqueued, and Gradio shows no error for an unqueued event: so a
+    refusal (a disabled account, a full disk, an error id) comes back in the tab's message line."""
+
+    @functools.wraps(handler)
+    def shown(*args: Any, **kwargs: Any) -> tuple:
+        try:
+            return handler(*args, **kwargs)
+        except gr.Error as e:
+            return AnnotateView.refusal(e.message)
+
+    return shown
 
 
 def build_operator_tab(handlers: Handlers, timer: gr.Timer, data_timer: gr.Timer, operator_tab: gr.Tab) -> None:
@@ -793,7 +817,8 @@ def build_app(server: Server) -> gr.Blocks:
         with gr.Tab("Operator", visible=False) as operator_tab:
             build_operator_tab(handlers, timer, data_timer, operator_tab)
         app.load(handlers.operator_controls, outputs=[operator_tab, timer, data_timer], api_visibility="private")
-        app.load(handlers.next_pair, outputs=view, api_name="next_pair", api_visibility="undocumented")
+        app.load(refusals_in_the_message_line(handlers.next_pair), outputs=view, api_name="next_pair",
+                 api_visibility="undocumented", show_progress="hidden", queue=False)
     return app
 
 
