@@ -162,6 +162,8 @@ class ServeProcess:
             raise
 
     def __exit__(self, *exc) -> None:
+        if exc and exc[0] is not None:
+            print(f"the end of the server's log:\n{self.log.read_text()[-3000:]}", file=sys.stderr)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)  # the app shuts down cleanly on it
             try:
@@ -193,7 +195,8 @@ class Session:
     def __init__(self, url: str, name: str):
         self.name = name
         # Generous: 64 sign-ins at once, an scrypt hash each, on a small machine.
-        self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120, connect=10))
+        # keepalive_expiry under uvicorn's 5 s: a connection it has closed is never reused (a ReadError otherwise).
+        self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120, connect=10), limits=httpx.Limits(keepalive_expiry=2))
         # Fixed for the session, as in a browser: without one Gradio rebuilds every component's config per request.
         self.session_hash = secrets.token_hex(6)
         self.view: list = []  # [token, prompt, left, right, progress, message, strength, comment]
@@ -415,7 +418,14 @@ async def load_server(server: ServeProcess, args: argparse.Namespace, pairs: int
     operator = Session(server.url, OPERATOR)
     n, rows = str(args.annotators), []
     try:
-        await asyncio.gather(*(s.sign_in() for s in [*sessions, operator]))
+        # A few at a time: the server counts sign-ins in flight from one address against its per-address limit.
+        signing_in = asyncio.Semaphore(8)
+
+        async def sign_in(session: Session) -> None:
+            async with signing_in:
+                await session.sign_in()
+
+        await asyncio.gather(*(sign_in(s) for s in [*sessions, operator]))
         for session, view in zip(sessions, await asyncio.gather(*(s.call("next_pair", []) for s in sessions))):
             session.view = view
         if training:

@@ -402,3 +402,29 @@ def test_the_operator_views_show_their_data_on_opening_and_the_round_table_fits(
         assert dialogs == []
     finally:
         server.stop()
+
+
+def test_the_data_view_follows_votes_without_a_click(browser, tiny_project):
+    add_users(tiny_project, {"olga": "operator", "alice": "annotator"})
+    add_pairs(tiny_project, 3)
+    dialogs: list[str] = []
+    server = RunningServer(tiny_project)
+    try:
+        operator = open_page(browser, server.url, dialogs)
+        sign_in(operator, "olga")
+        operator.get_by_role("tab", name="Operator").click()
+        expect(operator.get_by_label("Pairs").get_by_role("row")).to_have_count(5)  # the header and four states
+        assert grid_rows(operator, "Pairs", "done")[1] == "0"
+        annotator = open_page(browser, server.url, dialogs)
+        sign_in(annotator, "alice")
+        expect(annotator.locator("#progress")).to_have_text(progress("alice", 0, 2))  # the third is on olga's screen
+        annotator.keyboard.press("1")
+        expect(annotator.locator("#progress")).to_have_text(progress("alice", 1, 1))
+        # The operator's page shows the vote by itself, within its refresh interval.
+        done = operator.get_by_role("grid", name="Pairs").locator("[role=row]").filter(
+            has=operator.get_by_role("gridcell").filter(has_text="done"))
+        expect(done.get_by_role("gridcell").nth(1)).to_have_text("1", timeout=30_000)
+        expect(operator.get_by_role("grid", name="Annotators").get_by_role("gridcell", name="alice", exact=True)).to_be_visible()
+        assert dialogs == []
+    finally:
+        server.stop()

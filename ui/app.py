@@ -90,6 +90,7 @@ ROUND_COLUMNS = [
 # The reward-model choice that starts a round by training a new one.
 NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
 DATA_REFRESH_SECONDS = 10
+ANNOTATE_EVENT = dict(queue=False, preprocess=False, postprocess=False, show_progress="hidden", api_visibility="undocumented")
 
 # The PPO statistics the Loop tab plots per step, with their titles.
 PPO_CURVES = {
@@ -126,6 +127,7 @@ class Server:
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
         self.sessions: dict[str, str] = {}  # Gradio's session cookies and their account names, once serving
+        self.users: dict[str, User] = {}  # accounts met so far; an account's change drops it (account_changed)
         self.jobs = JobQueue(project, self.db, on_done=self._job_done)
         self.jobs.start()
 
@@ -164,6 +166,7 @@ class Server:
         Its sessions end (as Gradio's own log-out from all sessions does) once it is enabled; while
         it is disabled they are kept, so that each request from them is refused with the reason.
         """
+        self.users.pop(name, None)
         user = self.db(get_user, name)
         if user is None:
             return
@@ -183,7 +186,10 @@ class Server:
 
     def user(self, request: gr.Request) -> User:
         """The signed-in user, checked on the server for every call: a disabled account's sessions end at once."""
-        user = self.db(get_user, request.username) if request and request.username else None
+        name = request.username if request else None
+        user = self.users.get(name) if name else None
+        if user is None and name and (user := self.db(get_user, name)):
+            self.users[name] = user
         if user is None:
             raise refused("Sign in first.")
         if user.disabled:
@@ -618,15 +624,15 @@ def build_annotate_tab(handlers: Handlers) -> list:
     view = [token, prompt, left, right, progress, message, strength, comment]
     # Unqueued: a vote is one POST answered at once. Through Gradio's queue it would be a second
     # request and an event stream, doubling Gradio's share of a vote's cost; the one writer's lock
-    # puts votes in order anyway.
+    # puts votes in order anyway. No pre- or postprocessing: Gradio runs each in a worker thread per
+    # component, and these values (text, and the strength's label) go through as they are.
     for choice, button in buttons.items():
         button.click(
-            _vote_for(handlers, choice), inputs=[token, strength, comment], outputs=view,
-            api_name=f"vote_{choice}", api_visibility="undocumented", show_progress="hidden", queue=False,
+            _vote_for(handlers, choice), inputs=[token, strength, comment], outputs=view, **ANNOTATE_EVENT,
+            api_name=f"vote_{choice}",
         )
     skip_button.click(
-        refusals_in_the_message_line(handlers.skip_pair), inputs=[token], outputs=view,
-        api_name="skip", api_visibility="undocumented", show_progress="hidden", queue=False,
+        refusals_in_the_message_line(handlers.skip_pair), inputs=[token], outputs=view, **ANNOTATE_EVENT, api_name="skip",
     )
     return view
 
@@ -817,8 +823,7 @@ def build_app(server: Server) -> gr.Blocks:
         with gr.Tab("Operator", visible=False) as operator_tab:
             build_operator_tab(handlers, timer, data_timer, operator_tab)
         app.load(handlers.operator_controls, outputs=[operator_tab, timer, data_timer], api_visibility="private")
-        app.load(refusals_in_the_message_line(handlers.next_pair), outputs=view, api_name="next_pair",
-                 api_visibility="undocumented", show_progress="hidden", queue=False)
+        app.load(refusals_in_the_message_line(handlers.next_pair), outputs=view, **ANNOTATE_EVENT, api_name="next_pair")
     return app
 
 
