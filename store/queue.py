@@ -137,7 +137,7 @@ def _own_open_assignment(con: Connection, annotator: str, token: str) -> int:
 
 
 def pairs_left(con: Connection, annotator: str, now: datetime) -> int:
-    """Pairs this annotator could still be served."""
+    """Pairs this annotator could still be served: the definition the server's queue in memory is checked against."""
     return con.execute(f"SELECT count(*) FROM pairs p WHERE {_SERVABLE}", {"annotator": annotator, "now": now}).fetchone()[0]
 
 

@@ -98,6 +98,3 @@ def insert_vote(con: Connection, pair_id: int, annotator: str, choice: str, stre
          int(elapsed.total_seconds() * 1000), token, source, now],
     )
 
-
-def votes_since(con: Connection, annotator: str, since: datetime) -> int:
-    return con.execute("SELECT count(*) FROM comparisons WHERE annotator = ? AND created_at >= ?", [annotator, since]).fetchone()[0]
