@@ -147,8 +147,7 @@ class LiveQueue:
     def reorder(self, con: Connection, now: datetime) -> None:
         """Sort again by fresh scores (after a reward model scored completions), for the 'uncertain' order."""
         if self.config.strategy == "uncertain":
-            self._stale = True
-        self.add_new_pairs(con, now)
+            self._rebuild(con, now)
 
     # ---- what annotators do ----
 
