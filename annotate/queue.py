@@ -6,14 +6,14 @@ import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from store.db import Connection, transaction
 from store.queue import (
-    ORDERINGS, Assignment, OpenPair, QueueError, close_lease, insert_lease, insert_skip, lease_record, open_leases,
-    open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
+    ORDERINGS, Assignment, OpenPair, QueueError, close_leases, insert_leases, insert_skips, lease_record, new_token,
+    open_leases, open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
 )
-from store.votes import Vote, checked_comment, earlier_vote, insert_vote, stored_choice
+from store.votes import Vote, checked_comment, earlier_vote, insert_votes, stored_choice, vote_row
 
 
 @dataclass
@@ -75,6 +75,49 @@ class _Lease:
     expires_at: datetime
     shown_left: int
     live: bool
+
+
+@dataclass(frozen=True)
+class Action:
+    """One annotator's request: 'serve' (the pair to show), or a 'vote' or 'skip' on the pair leased as `token`."""
+
+    kind: str
+    annotator: str
+    token: str = ""
+    choice: str = ""  # a vote's side of the screen, 'tie' or 'both_bad'
+    strength: str | None = None
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    assignment: Assignment | None  # the pair to show next; None when none is left for this annotator
+    vote: Vote | None
+    refused: str  # why the vote or skip was refused, and then nothing was done; empty when done
+
+
+@dataclass(frozen=True, slots=True)
+class _Showing:
+    lease: _Lease
+    prompt_id: int
+    left: int
+    right: int
+
+
+@dataclass
+class _Writes:
+    """What a batch of actions stores, all written after its last action."""
+
+    leases: list[_Lease] = field(default_factory=list)
+    votes: list[tuple] = field(default_factory=list)  # vote_row each
+    skips: list[tuple[int, str]] = field(default_factory=list)
+    closed: dict[str, tuple[str, Vote | None]] = field(default_factory=dict)  # token: annotator, and the vote or None for a skip
+
+    def store(self, con: Connection, now: datetime) -> None:
+        insert_leases(con, [(x.pair_id, x.annotator, x.served_at, x.shown_left, x.token, x.expires_at) for x in self.leases])
+        insert_votes(con, self.votes)
+        insert_skips(con, self.skips, now)
+        close_leases(con, list(self.closed), now)
 
 
 class LiveQueue:
@@ -151,42 +194,120 @@ class LiveQueue:
 
     # ---- what annotators do ----
 
-    def serve(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
-        """The annotator's open lease if they have one, else a new lease on the next pair in order."""
-        return self._change(con, now, lambda: self._lease_for(con, annotator, now))
+    def act(self, con: Connection, actions: list[Action], now: datetime) -> list[Outcome]:
+        """Do annotators' actions in order, in one transaction, and return each one's outcome.
 
-    def vote(self, con: Connection, annotator: str, token: str, screen_choice: str, strength: str | None,
-             comment: str | None, now: datetime) -> tuple[Vote, Assignment | None]:
-        """Store the vote and lease the next pair, in one transaction; submitting it twice stores it once."""
-        comment = checked_comment(screen_choice, strength, comment)
+        An action refused changes nothing; the others go on. Their rows are written together after
+        the last action, one statement per table, so a batch costs DuckDB about what one action does.
+        If the batch fails after this memory was changed (the disk is full, say), the database kept
+        none of it, so this is rebuilt from the database before the next use.
+        """
+        if self._stale:
+            self._rebuild(con, now)
+        self._run_out(now)
+        writes = _Writes()
+        try:
+            with transaction(con):
+                done = [self._do(con, writes, action, now) for action in actions]
+                writes.store(con, now)
+                shown = [showing for _, showing, _ in done if showing]
+                messages, texts = served_texts(con, {s.prompt_id for s in shown}, {c for s in shown for c in (s.left, s.right)})
+        except BaseException:
+            self._stale = True
+            raise
+        return [
+            Outcome(showing and Assignment(showing.lease.token, showing.lease.pair_id, messages[showing.prompt_id],
+                                           texts[showing.left], texts[showing.right], showing.lease.served_at),
+                    vote, refused)
+            for vote, showing, refused in done
+        ]
 
-        def vote_then_serve() -> tuple[Vote, Assignment | None]:
-            lease = self.leases.get(token)
-            if lease is None:
-                vote = earlier_vote(con, annotator, token)
-                if vote is None:
-                    self._refuse_closed(con, annotator, token, "you skipped this pair")
-            else:
-                vote = self._vote(con, lease, annotator, screen_choice, strength, comment, now)
-            return vote, self._lease_for(con, annotator, now)
+    def _do(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> tuple[Vote | None, _Showing | None, str]:
+        try:
+            vote = None
+            if action.kind == "vote":
+                vote = self._vote(con, writes, action, now)
+            elif action.kind == "skip":
+                self._skip(con, writes, action)
+            return vote, self._lease_for(writes, action.annotator, now), ""
+        except QueueError as e:  # raised before anything changed
+            return None, None, str(e)
 
-        return self._change(con, now, vote_then_serve)
+    def _vote(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> Vote:
+        """Store the vote; submitting it twice stores it once."""
+        comment = checked_comment(action.choice, action.strength, action.comment)
+        lease = self.leases.get(action.token)
+        if lease is None:
+            return self._answered_before(con, writes, action)
+        if lease.annotator != action.annotator:
+            raise QueueError("this pair was not served to you")
+        pair = self.pairs[lease.pair_id]
+        if not lease.live and pair.room <= 0:
+            raise QueueError("your time on this pair ran out and others have answered it; here is another")
+        choice = stored_choice(action.choice, lease.shown_left == pair.completion_a)
+        writes.votes.append(vote_row(lease.pair_id, action.annotator, choice, action.strength, comment,
+                                     now - lease.served_at, lease.token, "app", now))
+        writes.closed[lease.token] = (action.annotator, Vote(lease.pair_id, choice, repeated=True))
+        self._close(lease)
+        self._adjust(lease.pair_id, votes=1)
+        if now.date() != self.day:
+            self.day = now.date()
+            self.votes_on_day.clear()
+        self.votes_on_day[action.annotator] += 1
+        return Vote(lease.pair_id, choice, repeated=False)
 
-    def skip(self, con: Connection, annotator: str, token: str, now: datetime) -> Assignment | None:
-        """Close the lease, never serve this pair to this annotator again, and lease the next pair."""
+    def _skip(self, con: Connection, writes: _Writes, action: Action) -> None:
+        """Close the lease, and never serve this pair to this annotator again."""
+        lease = self.leases.get(action.token)
+        if lease is None:
+            self._answered_before(con, writes, action)
+        if lease.annotator != action.annotator:
+            raise QueueError("this pair was not served to you")
+        writes.skips.append((lease.pair_id, action.annotator))
+        writes.closed[lease.token] = (action.annotator, None)
+        self._close(lease)
 
-        def skip_then_serve() -> Assignment | None:
-            lease = self.leases.get(token)
-            if lease is None:
-                self._refuse_closed(con, annotator, token, "you have answered this pair already")
-            if lease.annotator != annotator:
+    def _answered_before(self, con: Connection, writes: _Writes, action: Action) -> Vote:
+        """For a token that is not an open lease here: the vote stored with it (a double submit stores
+        nothing new), or why it cannot be answered, from this batch or the database."""
+        closed = "you skipped this pair" if action.kind == "vote" else "you have answered this pair already"
+        if action.token in writes.closed:
+            annotator, vote = writes.closed[action.token]
+            if annotator != action.annotator:
                 raise QueueError("this pair was not served to you")
-            insert_skip(con, lease.pair_id, annotator, now)
-            close_lease(con, token, now)
-            self._close(lease)
-            return self._lease_for(con, annotator, now)
+            if vote is None or action.kind != "vote":
+                raise QueueError(closed)
+            return vote
+        if action.kind == "vote" and (vote := earlier_vote(con, action.annotator, action.token)):
+            return vote
+        record = lease_record(con, action.token)
+        if record is None or record.annotator != action.annotator:
+            raise QueueError("this pair was not served to you")
+        if record.retired:
+            raise QueueError("this pair was retired; here is another")
+        if record.closed:
+            raise QueueError(closed)
+        raise QueueError("your time on this pair ran out and others have answered it; here is another")
 
-        return self._change(con, now, skip_then_serve)
+    def _lease_for(self, writes: _Writes, annotator: str, now: datetime) -> _Showing | None:
+        """The annotator's open lease if they have one, else a new lease on the next pair in order."""
+        for token in reversed(self.leased_to.get(annotator, [])):  # the newest first
+            if self.leases[token].live:
+                return self._showing(self.leases[token])
+        pair_id = self._next_pair_for(annotator)
+        if pair_id is None:
+            return None
+        pair = self.pairs[pair_id]
+        shown_left = random.choice([pair.completion_a, pair.completion_b])
+        lease = _Lease(new_token(), pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left, True)
+        writes.leases.append(lease)
+        self._hold(lease)
+        return self._showing(lease)
+
+    def _showing(self, lease: _Lease) -> _Showing:
+        pair = self.pairs[lease.pair_id]
+        right = pair.completion_b if lease.shown_left == pair.completion_a else pair.completion_a
+        return _Showing(lease, pair.prompt_id, lease.shown_left, right)
 
     def pairs_left(self, annotator: str, now: datetime) -> int:
         """Pairs this annotator could still be served, from counters."""
@@ -216,64 +337,6 @@ class LiveQueue:
 
     # ---- inside ----
 
-    def _change(self, con: Connection, now: datetime, change: Callable[[], Any]) -> Any:
-        """Run a change in one transaction. If it fails after this memory was changed (the disk is full,
-        say), the database kept none of it, so this is rebuilt from the database before the next use."""
-        if self._stale:
-            self._rebuild(con, now)
-        self._run_out(now)
-        try:
-            with transaction(con):
-                return change()
-        except QueueError:
-            raise  # refused before anything changed
-        except BaseException:
-            self._stale = True
-            raise
-
-    def _vote(self, con: Connection, lease: _Lease, annotator: str, screen_choice: str, strength: str | None,
-              comment: str | None, now: datetime) -> Vote:
-        if lease.annotator != annotator:
-            raise QueueError("this pair was not served to you")
-        pair = self.pairs[lease.pair_id]
-        if not lease.live and pair.room <= 0:
-            raise QueueError("your time on this pair ran out and others have answered it; here is another")
-        choice = stored_choice(screen_choice, lease.shown_left == pair.completion_a)
-        insert_vote(con, lease.pair_id, annotator, choice, strength, comment, now - lease.served_at, lease.token, "app", now)
-        close_lease(con, lease.token, now)
-        self._close(lease)
-        self._adjust(lease.pair_id, votes=1)
-        if now.date() != self.day:
-            self.day = now.date()
-            self.votes_on_day.clear()
-        self.votes_on_day[annotator] += 1
-        return Vote(lease.pair_id, choice, repeated=False)
-
-    def _refuse_closed(self, con: Connection, annotator: str, token: str, closed: str) -> NoReturn:
-        """Why a token that is not an open lease here cannot be answered, from the database."""
-        record = lease_record(con, token)
-        if record is None or record.annotator != annotator:
-            raise QueueError("this pair was not served to you")
-        if record.retired:
-            raise QueueError("this pair was retired; here is another")
-        if record.closed:
-            raise QueueError(closed)
-        raise QueueError("your time on this pair ran out and others have answered it; here is another")
-
-    def _lease_for(self, con: Connection, annotator: str, now: datetime) -> Assignment | None:
-        for token in reversed(self.leased_to.get(annotator, [])):  # the newest first
-            if self.leases[token].live:
-                return self._assignment(con, self.leases[token])
-        pair_id = self._next_pair_for(annotator)
-        if pair_id is None:
-            return None
-        pair = self.pairs[pair_id]
-        shown_left = random.choice([pair.completion_a, pair.completion_b])
-        token = insert_lease(con, pair_id, annotator, shown_left, now, self.config.lease_seconds)
-        lease = _Lease(token, pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left, True)
-        self._hold(lease)
-        return self._assignment(con, lease)
-
     def _next_pair_for(self, annotator: str) -> int | None:
         order, pairs = self.order, self.pairs
         while self.head < len(order) and order[self.head] not in pairs:
@@ -290,12 +353,6 @@ class LiveQueue:
         if gone > 256:  # answered pairs behind one nobody can take yet: drop them, so the next walk is short
             order[self.head:end] = [p for p in order[self.head:end] if p in pairs]
         return chosen
-
-    def _assignment(self, con: Connection, lease: _Lease) -> Assignment:
-        pair = self.pairs[lease.pair_id]
-        right = pair.completion_b if lease.shown_left == pair.completion_a else pair.completion_a
-        messages, left_text, right_text = served_texts(con, pair.prompt_id, lease.shown_left, right)
-        return Assignment(lease.token, lease.pair_id, messages, left_text, right_text, lease.served_at)
 
     def _hold(self, lease: _Lease) -> None:
         self.leases[lease.token] = lease

@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from store.db import Connection, StoreError, transaction
+from store.db import Connection, StoreError, insert_values, transaction
 
 # The pairs an annotator may be served: live, never served to them before (so never a pair
 # they skipped or voted on), and short of votes counting the leases others hold now.
@@ -64,26 +64,29 @@ def serve(con: Connection, annotator: str, strategy: str, lease_seconds: int, no
             if row is None:
                 return None
             pair_id, a, b = row
-            token = insert_lease(con, pair_id, annotator, random.choice([a, b]), now, lease_seconds)
+            token = new_token()
+            insert_leases(con, [(pair_id, annotator, now, random.choice([a, b]), token, now + timedelta(seconds=lease_seconds))])
         return _assignment(con, token)
 
 
-def insert_lease(con: Connection, pair_id: int, annotator: str, shown_left: int, now: datetime, lease_seconds: int) -> str:
-    """Store a new lease and return its token."""
-    token = secrets.token_urlsafe(16)
-    con.execute(
-        "INSERT INTO assignments (pair_id, annotator, served_at, shown_left, token, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-        [pair_id, annotator, now, shown_left, token, now + timedelta(seconds=lease_seconds)],
-    )
-    return token
+def new_token() -> str:
+    """A lease's token: what the annotator's page answers with, so it must not be guessable."""
+    return secrets.token_urlsafe(16)
 
 
-def close_lease(con: Connection, token: str, now: datetime) -> None:
-    con.execute("UPDATE assignments SET closed_at = ? WHERE token = ?", [now, token])
+def insert_leases(con: Connection, leases: list[tuple[int, str, datetime, int, str, datetime]]) -> None:
+    """Store new leases: (pair_id, annotator, served_at, shown_left, token, expires_at) each."""
+    insert_values(con, "assignments (pair_id, annotator, served_at, shown_left, token, expires_at)", leases)
 
 
-def insert_skip(con: Connection, pair_id: int, annotator: str, now: datetime) -> None:
-    con.execute("INSERT INTO skips (pair_id, annotator, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [pair_id, annotator, now])
+def close_leases(con: Connection, tokens: list[str], now: datetime) -> None:
+    if tokens:
+        con.execute(f"UPDATE assignments SET closed_at = ? WHERE token IN ({', '.join('?' * len(tokens))})", [now, *tokens])
+
+
+def insert_skips(con: Connection, skips: list[tuple[int, str]], now: datetime) -> None:
+    """Store skips: (pair_id, annotator) each."""
+    insert_values(con, "skips (pair_id, annotator, created_at)", [(*skip, now) for skip in skips], "ON CONFLICT DO NOTHING")
 
 
 def _open_token(con: Connection, annotator: str, now: datetime) -> str | None:
@@ -118,8 +121,8 @@ def skip(con: Connection, annotator: str, token: str, now: datetime) -> None:
     """Close the assignment and never serve this pair to this annotator again."""
     with transaction(con):
         pair_id = _own_open_assignment(con, annotator, token)
-        insert_skip(con, pair_id, annotator, now)
-        close_lease(con, token, now)
+        insert_skips(con, [(pair_id, annotator)], now)
+        close_leases(con, [token], now)
 
 
 def _own_open_assignment(con: Connection, annotator: str, token: str) -> int:
@@ -150,11 +153,15 @@ def release_leases(con: Connection, now: datetime) -> int:
 
 # ---- for the server's queue in memory (annotate.queue.LiveQueue): point lookups and its rebuild ----
 
-def served_texts(con: Connection, prompt_id: int, left: int, right: int) -> tuple[str, str, str]:
-    """The prompt's messages (JSON) and the two completions' texts, by id: index lookups, not joins."""
-    messages = con.execute("SELECT messages FROM prompts WHERE id = ?", [prompt_id]).fetchone()[0]
-    texts = dict(con.execute("SELECT id, text FROM completions WHERE id IN (?, ?)", [left, right]).fetchall())
-    return messages, texts[left], texts[right]
+def served_texts(con: Connection, prompt_ids: set[int], completion_ids: set[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """Prompts' messages (JSON) and completions' texts, by id: index lookups, not joins."""
+    return _by_id(con, "SELECT id, messages FROM prompts", prompt_ids), _by_id(con, "SELECT id, text FROM completions", completion_ids)
+
+
+def _by_id(con: Connection, select: str, ids: set[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    return dict(con.execute(f"{select} WHERE id IN ({', '.join('?' * len(ids))})", list(ids)).fetchall())
 
 
 @dataclass(frozen=True)

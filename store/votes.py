@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from store.db import Connection, transaction
-from store.queue import QueueError, close_lease
+from store.db import Connection, insert_values, transaction
+from store.queue import QueueError, close_leases
 
 SCREEN_CHOICES = ("left", "right", "tie", "both_bad")
 STRENGTHS = ("slight", "much")
@@ -55,8 +55,8 @@ def record_vote(
         if expires_at <= now and taken >= votes_wanted:
             raise QueueError("your time on this pair ran out and others have answered it; here is another")
         choice = stored_choice(screen_choice, a_on_left)
-        insert_vote(con, pair_id, annotator, choice, strength, comment, now - served_at, token, source, now)
-        close_lease(con, token, now)
+        insert_votes(con, [vote_row(pair_id, annotator, choice, strength, comment, now - served_at, token, source, now)])
+        close_leases(con, [token], now)
     return Vote(pair_id, choice, repeated=False)
 
 
@@ -87,14 +87,13 @@ def stored_choice(screen_choice: str, a_on_left: bool) -> str:
     return {"left": "a" if a_on_left else "b", "right": "b" if a_on_left else "a"}.get(screen_choice, screen_choice)
 
 
-def insert_vote(con: Connection, pair_id: int, annotator: str, choice: str, strength: str | None, comment: str | None,
-                elapsed: timedelta, token: str, source: str, now: datetime) -> None:
-    con.execute(
-        """
-        INSERT INTO comparisons (pair_id, annotator, choice, strength, comment, elapsed_ms, client_token, source, created_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-        """,
-        [pair_id, annotator, choice, strength if choice in ("a", "b") else None, comment,
-         int(elapsed.total_seconds() * 1000), token, source, now],
-    )
+def vote_row(pair_id: int, annotator: str, choice: str, strength: str | None, comment: str | None,
+             elapsed: timedelta, token: str, source: str, now: datetime) -> tuple:
+    """A comparison as insert_votes stores it; the strength only goes with a preference for one side."""
+    return (pair_id, annotator, choice, strength if choice in ("a", "b") else None, comment,
+            int(elapsed.total_seconds() * 1000), token, source, now)
 
+
+def insert_votes(con: Connection, rows: list[tuple]) -> None:
+    """Store comparisons, each a vote_row."""
+    insert_values(con, "comparisons (pair_id, annotator, choice, strength, comment, elapsed_ms, client_token, source, created_at)", rows)
