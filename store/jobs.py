@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from store.db import Connection, StoreError
+import pyarrow as pa
+
+from store.db import Connection, StoreError, insert_rows
 
 FINISHED = ("done", "failed", "cancelled")
 
@@ -108,8 +110,13 @@ def cancel_if_queued(con: Connection, job_id: int, now: datetime) -> None:
     )
 
 
-def add_metrics(con: Connection, job_id: int, step: int, values: dict[str, float]) -> None:
-    con.executemany("INSERT INTO metrics (job_id, step, name, value) VALUES (?, ?, ?, ?)", [[job_id, step, k, v] for k, v in values.items()])
+_METRIC_SCHEMA = pa.schema([("job_id", pa.int32()), ("step", pa.int32()), ("name", pa.string()), ("value", pa.float64())])
+
+
+def add_metrics(con: Connection, job_id: int, steps: list[tuple[int, dict[str, float]]]) -> None:
+    """Store a job's metrics, (step, {name: value}) each, in one statement: executemany is row by row and slow."""
+    rows = [{"job_id": job_id, "step": step, "name": k, "value": float(v)} for step, values in steps for k, v in values.items()]
+    insert_rows(con, "metrics", rows, _METRIC_SCHEMA)
 
 
 def job_metrics(con: Connection, job_id: int) -> dict[str, float]:

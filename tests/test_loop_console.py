@@ -137,7 +137,7 @@ def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_dr
         round_ = add_round(con, 0, None)
         job = add_job(con, "ppo", {"ppo": {"steps": 3}}, round_.id)
         for step, score in enumerate([-0.5, 0.2, 0.9], start=1):
-            add_metrics(con, job.id, step, {"score": score, "kl": 0.1 * step})
+            add_metrics(con, job.id, [(step, {"score": score, "kl": 0.1 * step})])
         finish_job(con, job.id, "done", utcnow())
         set_policy_to(con, round_.id, 1)
         finish_round(con, round_.id, "done", utcnow())

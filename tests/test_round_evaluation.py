@@ -74,8 +74,7 @@ def project_with_round(root: Path, votes: list[tuple[int, int, str]], score_gain
         round_ = add_round(con, 0, 1)
         if score_gain is not None:
             job = add_job(con, "ppo", {"ppo": {"steps": 2}}, round_.id)
-            add_metrics(con, job.id, 1, {"score": 0.0, "kl": 0.0})
-            add_metrics(con, job.id, 2, {"score": score_gain, "kl": 0.1})
+            add_metrics(con, job.id, [(1, {"score": 0.0, "kl": 0.0}), (2, {"score": score_gain, "kl": 0.1})])
             finish_job(con, job.id, "done", utcnow())
         set_policy_to(con, round_.id, 1)
         finish_round(con, round_.id, "done", utcnow())

@@ -135,7 +135,7 @@ class Server:
         self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
         self.sessions: dict[str, str] = {}  # Gradio's session cookies and their account names, once serving
         self.users: dict[str, User] = {}  # accounts met so far; an account's change drops it (account_changed)
-        self.jobs = JobQueue(project, self.db, on_done=self._job_done)
+        self.jobs = JobQueue(project, self.db, self.snapshot, on_done=self._job_done)
         self.jobs.start()
 
     def db(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -430,7 +430,7 @@ class Handlers:
     def train_reward_model(self, include_imported: bool, request: gr.Request) -> str:
         self.server.operator(request)
         with user_errors():
-            job = submit_reward_training(self.server.project, self.server.db, include_imported)
+            job = submit_reward_training(self.server.project, self.server.db, include_imported, read=self.server.snapshot)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     def score_completions(self, request: gr.Request) -> str:
@@ -511,7 +511,7 @@ class Handlers:
     def start_round(self, reward_version: float | None, request: gr.Request) -> str:
         self.server.operator(request)
         with user_errors():
-            job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None)
+            job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None, self.server.snapshot)
         return f"Started round {job.round}: its first job is {job.id} ({STAGES[job.kind]})."
 
     def cancel_round(self, request: gr.Request) -> str:

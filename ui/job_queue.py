@@ -22,8 +22,8 @@ from ui.rounds import advance_round, start_round
 class JobQueue:
     """The app's job runner: one job at a time, oldest first, in a background thread."""
 
-    def __init__(self, project: Project, run: Run, on_done: Callable[[Job], None]):
-        self.project, self.run, self.on_done = project, run, on_done
+    def __init__(self, project: Project, run: Run, read: Run, on_done: Callable[[Job], None]):
+        self.project, self.run, self.read, self.on_done = project, run, read, on_done
         self.cancel_requested: set[int] = set()
         self.latest_progress: dict[int, dict[str, Any]] = {}  # job id -> the worker's newest progress event
         self.stopping = threading.Event()
@@ -55,7 +55,7 @@ class JobQueue:
         if job is None:
             if self.run(scheduled_round_due, self.project.config.round.every_comparisons):
                 try:
-                    start_round(self.project, self.run)
+                    start_round(self.project, self.run, read=self.read)
                 except StoreError:
                     pass  # the round is recorded as failed, with the reason
                 return

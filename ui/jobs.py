@@ -97,16 +97,20 @@ def is_held_back(prompt: Prompt, share: float) -> bool:
     return int(prompt.content_hash[:8], 16) < share * 16**8
 
 
-def submit_reward_training(project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None) -> Job:
+def submit_reward_training(
+    project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None, read: Run | None = None
+) -> Job:
     """Queue training a reward model on a frozen snapshot of the project's resolved comparisons.
 
     With [reward_model] warm_start, the job continues from the newest version, training on the
-    pairs its snapshot lacks plus a replay sample of those it has.
+    pairs its snapshot lacks plus a replay sample of those it has. `read`, where given, reads the
+    comparisons beside the writer (the app's Server.snapshot): the read grows with the votes, and
+    under the writer's lock it would hold up every annotator meanwhile.
     """
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = run(preference_rows, reward.include_imported)
+    rows = (read or run)(preference_rows, reward.include_imported)
     if not rows:
         raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
     snapshot = pa.Table.from_pylist([
@@ -263,7 +267,7 @@ def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[s
     ]
     with transaction(con):
         stored, pairs = add_completions_with_pairs(con, completions, project.config.queue, job.config.get("against"))
-        add_metrics(con, job.id, 0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})
+        add_metrics(con, job.id, [(0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})])
         finish_job(con, job.id, "done", utcnow())
 
 
@@ -279,9 +283,8 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
         add_reward_model(con, version, snapshot, str(target), {**metrics, "job": job.id})
         if job.round is not None:
             set_reward_version(con, job.round, version)
-        for event in steps:
-            add_metrics(con, job.id, event["step"], {"loss": event["loss"], "train_accuracy": event["accuracy"]})
-        add_metrics(con, job.id, metrics.get("steps", 0), {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        add_metrics(con, job.id, [(event["step"], {"loss": event["loss"], "train_accuracy": event["accuracy"]}) for event in steps]
+                    + [(metrics.get("steps", 0), {k: v for k, v in metrics.items() if isinstance(v, (int, float))})])
         finish_job(con, job.id, "done", utcnow())
 
     register_adapter(con, project, job, directory / result["adapter"], target, add_rows)
@@ -291,7 +294,7 @@ def ingest_scores(con: Connection, job: Job, directory: Path, result: dict[str, 
     scores = pq.read_table(directory / result["scores"]).to_pylist()
     with transaction(con):
         set_rewards(con, {row["completion_id"]: row["reward"] for row in scores})
-        add_metrics(con, job.id, 0, {"scored": len(scores)})
+        add_metrics(con, job.id, [(0, {"scored": len(scores)})])
         finish_job(con, job.id, "done", utcnow())
 
 
@@ -355,8 +358,7 @@ def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any
         add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round)
         if job.round is not None:
             set_policy_to(con, job.round, version)
-        for stats in result["steps"]:
-            add_metrics(con, job.id, stats["step"], {k: float(v) for k, v in stats.items() if k != "step"})
+        add_metrics(con, job.id, [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]])
         finish_job(con, job.id, "done", utcnow())
 
     register_adapter(con, project, job, directory / result["adapter"], target, add_rows)

@@ -35,15 +35,16 @@ from ui.project import Project
 STAGES = {"reward_model": "reward model", "ppo": "PPO", "generate": "completions"}
 
 
-def start_round(project: Project, run: Run, reward_version: int | None = None) -> Job:
-    """Start a round from the newest policy, training a reward model unless given a version; return its first job."""
+def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None) -> Job:
+    """Start a round from the newest policy, training a reward model unless given a version; return its first job.
+    `read` reads the comparisons beside the writer, as for submit_reward_training."""
     if reward_version is not None:
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
     policy = run(get_policy, None)
     round_ = run(add_round, policy.version, reward_version)
     try:
         if reward_version is None:
-            return submit_reward_training(project, run, round_id=round_.id)
+            return submit_reward_training(project, run, round_id=round_.id, read=read)
         return submit_ppo(project, run, reward_version, policy.version, round_.id)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
