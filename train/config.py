@@ -245,3 +245,49 @@ class PPOConfig:
             raise ValueError("learning_rate must be more than 0, and kl_coef and target_kl at least 0")
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"gamma must be in (0, 1] and lam in [0, 1], got {self.gamma} and {self.lam}")
+
+
+@dataclass
+class DPOConfig:
+    """Direct preference optimisation (Rafailov et al. 2023) of the policy's LoRA adapter on the project's votes, with
+    TRL's DPOTrainer. The reference is the starting model (the base with every adapter off), as PPO's KL tether is."""
+
+    beta: float = field(
+        default=0.1,
+        metadata={"help": "Strength of the tie to the starting model: DPO's implicit reward is beta * log(pi / pi_ref), so a "
+                          "larger beta moves the policy less for the same votes."},
+    )
+    votes: str = field(
+        default="all",
+        metadata={"help": "Which votes a round trains on: 'all' (every round's), or 'latest' (pairs with a completion of the "
+                          "policy the round starts from: on-policy, as iterative DPO does, but fewer pairs)."},
+    )
+    epochs: int = field(default=2, metadata={"help": "Passes over the round's pairs."})
+    batch_size: int = field(default=8, metadata={"help": "Preference pairs per optimiser step (each pair is two sequences)."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "Peak AdamW learning rate of the policy's LoRA, decayed linearly to 0."})
+    max_length: int = field(
+        default=512,
+        metadata={"help": "Longest prompt + response, in tokens. A longer pair is left out, and the job's metrics count it: "
+                          "cutting it would cut the response's end, which is what a vote often judges."},
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0); later rounds keep their adapter's."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of a new policy adapter."})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "Training arithmetic: 'bf16' (bfloat16 autocast; the weights stay float32), 'fp32', or 'auto': bf16 "
+                          "where the hardware has it."},
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed for the adapter's initialisation and the batch order."})
+
+    def __post_init__(self):
+        if self.beta <= 0 or self.learning_rate <= 0:
+            raise ValueError(f"beta and learning_rate must be more than 0, got {self.beta} and {self.learning_rate}")
+        if self.votes not in ("all", "latest"):
+            raise ValueError(f"votes must be 'all' or 'latest', got {self.votes!r}")
+        for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be at least 2 tokens, got {self.max_length}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")

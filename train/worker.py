@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from train import distributed
-from train.config import GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
 
@@ -150,11 +150,32 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     return {"adapter": "policy", "steps": result["steps"]}
 
 
+def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """DPO from the frozen policy on the frozen preferences; write policy/."""
+    from train.dpo import train_dpo
+    from train.models import device, load_model
+
+    dpo = DPOConfig(**config["dpo"])
+    rows = [{"prompt": json.loads(r["prompt"]), "chosen": r["chosen"], "rejected": r["rejected"]}
+            for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()]
+    base = ModelConfig(**config["model"])
+    model, tokenizer = load_model(base)
+    events.emit("started", pairs=len(rows))
+
+    def step(stats: dict[str, Any]) -> None:
+        events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
+
+    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    result = train_dpo(model, tokenizer, rows, dpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
+    return {"adapter": "policy", "steps": result["steps"], "pairs": result["pairs"], "pairs_too_long": result["pairs_too_long"]}
+
+
 RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "generate": run_generate,
     "reward_model": run_reward_model,
     "score": run_score,
     "ppo": run_ppo,
+    "dpo": run_dpo,
 }
 
 

@@ -30,7 +30,7 @@ from train.errors import ModelError
 from ui.auth import WeakPassword, hash_new_password
 from ui.backup import restore
 from ui.control import command_line_actor, run_action
-from ui.config import ConfigError
+from ui.config import OPTIMIZERS, ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
 from ui.recovery import reconcile
@@ -191,33 +191,39 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
 
 
 @cli.command("round")
-@click.option("--reward-version", type=int, help="Reward-model version to optimise against [default: train a new one on every vote so far].")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), help="How this round trains the next policy [default: [round] optimizer].")
+@click.option("--reward-version", type=int, help="Reward-model version PPO optimises against [default: train a new one on every vote so far].")
 @project_option
-def round_command(reward_version: int | None, project_dir: Path):
-    """Run a training round: reward model, PPO, then pairs of the new policy against the old for annotators.
+def round_command(optimizer: str | None, reward_version: int | None, project_dir: Path):
+    """Run a training round: the next policy from the votes, then pairs of it against the old one for annotators.
 
-    PPO starts from the newest policy and trains on the prompts not held back ([round] in
-    tether.toml). Both policies then answer the held-back prompts, and each new answer is paired
-    with an old one: the votes on those pairs are the round's human win rate (`tether rounds`).
+    With PPO a reward model is trained on the votes and PPO optimises the policy against it; with
+    DPO the policy learns from the votes directly. Either starts from the newest policy and
+    trains on the prompts not held back ([round] in tether.toml). Both policies then answer the
+    held-back prompts, and each new answer is paired with an old one: the votes on those pairs
+    are the round's human win rate (`tether rounds`).
 
     \b
     Example:
         tether round --project demo
+        tether round --optimizer dpo --project demo
     """
     project = load_project(project_dir)
-    round_ = run_round(project, reward_version)
+    round_ = run_round(project, reward_version, optimizer=optimizer)
     summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
-    click.echo(
-        f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}, reward model v{round_.reward_version} "
-        f"(held-out accuracy {_share(summary.reward_accuracy)}), PPO score {summary.score_gain:+.3f}, final KL {summary.kl:.3f}; "
-        f"new-against-old pairs are queued for annotators"
-    )
+    if summary.round.reward_version is None:  # DPO
+        trained = f"DPO final margin {summary.margin:+.3f}, accuracy {_share(summary.pair_accuracy)}"
+    else:
+        trained = (f"reward model v{round_.reward_version} (held-out accuracy {_share(summary.reward_accuracy)}), "
+                   f"PPO score {summary.score_gain:+.3f}, final KL {summary.kl:.3f}")
+    click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}, {trained}; "
+               f"new-against-old pairs are queued for annotators")
 
 
-def run_round(project: Project, reward_version: int | None, seconds: Counter | None = None) -> Round:
+def run_round(project: Project, reward_version: int | None, seconds: Counter | None = None, optimizer: str | None = None) -> Round:
     """Run a round's jobs here, one after another, each with a progress bar; add each stage's wall time to `seconds`."""
     warn_about_length(project)
-    job = start_round(project, project.run, reward_version)
+    job = start_round(project, project.run, reward_version, optimizer=optimizer)
     round_id = job.round
     while job is not None:
         began = time.monotonic()

@@ -12,7 +12,7 @@ from typing import Any
 
 from annotate.queue import QueueConfig
 from ui.auth import SignInLimits
-from train.config import GenerationConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.
@@ -65,8 +65,17 @@ class ServerConfig:
                             lockout_seconds=self.lockout_seconds, max_lockout_seconds=self.max_lockout_seconds)
 
 
+OPTIMIZERS = ("ppo", "dpo")
+
+
 @dataclass
 class RoundConfig:
+    optimizer: str = field(
+        default="ppo",
+        metadata={"help": "How a round turns votes into the next policy: 'ppo' (a reward model trained on the votes, then "
+                          "PPO against it with a KL penalty to the starting model) or 'dpo' (DPO on the votes directly, with "
+                          "the starting model as its reference: no reward model and no sampling, so a round costs far less)."},
+    )
     held_back_share: float = field(
         default=0.25,
         metadata={"help": "Share of the active prompts PPO never trains on. A round pairs the new policy against the old on "
@@ -87,6 +96,8 @@ class RoundConfig:
     )
 
     def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if not 0 < self.held_back_share < 1:
             raise ValueError(f"held_back_share must be between 0 and 1, got {self.held_back_share}")
         if self.per_prompt < 1 or self.every_comparisons < 0:
@@ -126,6 +137,7 @@ class TetherConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     round: RoundConfig = field(default_factory=RoundConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 

@@ -213,6 +213,39 @@ def submit_ppo(
     return _submit(project, run, "ppo", config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
+def submit_dpo(project: Project, run: Run, policy_version: int | None = None, round_id: int | None = None,
+               read: Run | None = None) -> Job:
+    """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes.
+
+    Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
+    votes = "latest" it takes only pairs with a completion of the policy it starts from.
+    `read` reads the votes beside the writer, as for submit_reward_training.
+    """
+    dpo = project.config.dpo
+    policy = run(get_policy, policy_version)
+    share = project.config.round.held_back_share
+    held_back = {p.id for p in run(prompts_to_generate, policy.version, None) if is_held_back(p, share)}
+    rows = [
+        r for r in (read or run)(preference_rows, False)
+        if r["prompt_id"] not in held_back
+        and (dpo.votes == "all" or policy.version in (r["chosen_policy"], r["rejected_policy"]))
+    ]
+    if not rows:
+        which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
+        raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
+    snapshot = pa.Table.from_pylist([
+        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]), "chosen": r["chosen"][0]["content"], "rejected": r["rejected"][0]["content"]}
+        for r in rows
+    ])
+    config = {
+        "model": dataclasses.asdict(project.config.model),
+        "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order
+        "policy_version": policy.version,
+        "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
+    }
+    return _submit(project, run, "dpo", config, {"preferences": snapshot}, round_id)
+
+
 def _submit(
     project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table], round_id: int | None = None
 ) -> Job:
@@ -349,8 +382,8 @@ def run_job(
     return run(get_job, job.id)
 
 
-def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
-    """Register the trained policy adapter as the next policy version, with its per-step statistics."""
+def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
+    """Register a PPO or DPO job's policy adapter as the next policy version, with its per-step statistics."""
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 
@@ -358,7 +391,10 @@ def ingest_ppo(con: Connection, job: Job, directory: Path, result: dict[str, Any
         add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round)
         if job.round is not None:
             set_policy_to(con, job.round, version)
-        add_metrics(con, job.id, [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]])
+        steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
+        if counts := {k: result[k] for k in ("pairs", "pairs_too_long") if k in result}:  # DPO's
+            steps.append((0, counts))
+        add_metrics(con, job.id, steps)
         finish_job(con, job.id, "done", utcnow())
 
     register_adapter(con, project, job, directory / result["adapter"], target, add_rows)
@@ -392,5 +428,6 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "generate": ingest_generation,
     "reward_model": ingest_reward_model,
     "score": ingest_scores,
-    "ppo": ingest_ppo,
+    "ppo": ingest_policy,
+    "dpo": ingest_policy,
 }

@@ -29,20 +29,33 @@ from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games, version_votes
-from ui.jobs import Run, is_held_back, submit_generation, submit_ppo, submit_reward_training
+from ui.config import OPTIMIZERS
+from ui.jobs import Run, is_held_back, submit_dpo, submit_generation, submit_ppo, submit_reward_training
 from ui.project import Project
 
-STAGES = {"reward_model": "reward model", "ppo": "PPO", "generate": "completions"}
+STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "generate": "completions"}
+POLICY_JOBS = ("ppo", "dpo")  # the jobs that train a round's new policy
 
 
-def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None) -> Job:
-    """Start a round from the newest policy, training a reward model unless given a version; return its first job.
-    `read` reads the comparisons beside the writer, as for submit_reward_training."""
+def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None,
+                optimizer: str | None = None) -> Job:
+    """Start a round from the newest policy with `optimizer` ([round] optimizer by default); return its first job.
+
+    A PPO round trains a reward model first unless given a version; a DPO round trains on the
+    votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
+    """
+    optimizer = optimizer or project.config.round.optimizer
+    if optimizer not in OPTIMIZERS:
+        raise StoreError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if reward_version is not None:
+        if optimizer == "dpo":
+            raise StoreError("a DPO round learns from the votes directly and uses no reward model: leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
     policy = run(get_policy, None)
     round_ = run(add_round, policy.version, reward_version)
     try:
+        if optimizer == "dpo":
+            return submit_dpo(project, run, policy.version, round_.id, read)
         if reward_version is None:
             return submit_reward_training(project, run, round_id=round_.id, read=read)
         return submit_ppo(project, run, reward_version, policy.version, round_.id)
@@ -62,11 +75,11 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
     try:
         if job.kind == "reward_model":
             return submit_ppo(project, run, round_.reward_version, round_.policy_from, round_.id)
-        if job.kind == "ppo":
+        if job.kind in POLICY_JOBS:
             missing = [p for p in _held_back(project, run, round_.policy_from) if p.completions < project.config.round.per_prompt]
             if missing:
                 return submit_generation(project, run, None, project.config.round.per_prompt, round_.policy_from, missing, round_id=round_.id)
-        if job.kind == "ppo" or job.config["policy_version"] == round_.policy_from:
+        if job.kind in POLICY_JOBS or job.config["policy_version"] == round_.policy_from:
             held_back = _held_back(project, run, round_.policy_to)
             return submit_generation(
                 project, run, None, project.config.round.per_prompt, round_.policy_to, held_back, round_.policy_from, round_.id
@@ -99,6 +112,8 @@ class RoundSummary:
     ended: float | None  # share of PPO's responses that ended within the length budget, at its last step
     stopped_early: bool  # PPO stopped at a step over [round] kl_budget
     score_gain: float | None  # reward-model score at PPO's last step minus at its first
+    margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
+    pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
     win_rate: WinRate | None  # human votes on v+1 against v
     length_controlled: LengthControlled | None  # the same votes' win rate at equal length
     # The round's reward model's accuracy on the votes that came after it was trained (mostly on
@@ -120,12 +135,13 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 
 
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
-    ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind == "ppo"), None)
+    ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
-    kl = kl_to_parent = ended = score_gain = None
+    kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = None
     stopped_early = False
     if ppo_job is not None and ppo_job.status == "done":
         last = run(job_metrics, ppo_job.id)
+        margin, pair_accuracy = last.get("margin"), last.get("accuracy")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
         scores = [v for _, v in run(metric_series, ppo_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
@@ -135,8 +151,8 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         controlled = length_controlled(votes, round_.policy_to, round_.policy_from)
     new_votes = _new_votes_metrics(round_.reward_version, reward_models)
     return RoundSummary(
-        round_, accuracy, ppo_job.config["ppo"] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, kl_to_parent, ended,
-        stopped_early, score_gain,
+        round_, accuracy, ppo_job.config[ppo_job.kind] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, kl_to_parent, ended,
+        stopped_early, score_gain, margin, pair_accuracy,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
     )
 

@@ -1,0 +1,107 @@
+"""DPO rounds on the tiny model: the reference is the base, rounds continue, and the adapter is plain PEFT."""
+
+import math
+
+import pytest
+import torch
+
+from train.config import DPOConfig, ModelConfig
+from train.dpo import train_dpo
+from train.models import load_model
+
+PROMPTS = [[{"role": "user", "content": f"Say something about topic {i}."}] for i in range(8)]
+ROWS = [{"prompt": p, "chosen": "music and light", "rejected": "the end of the day"} for p in PROMPTS]
+
+
+def tiny(tiny_model_dir):
+    return load_model(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu"))
+
+
+def sequence_logprob(model, tokenizer, prompt, response) -> float:
+    """log pi(response | prompt) summed over the response's tokens and its end of turn."""
+    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    full = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True, return_dict=True)["input_ids"]
+    ids = torch.tensor([full])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0, :-1].log_softmax(-1)
+    targets = ids[0, 1:]
+    return logprobs[torch.arange(len(targets)), targets][len(prompt_ids) - 1 :].sum().item()
+
+
+def margin(model, tokenizer) -> float:
+    return sum(sequence_logprob(model, tokenizer, r["prompt"], r["chosen"]) - sequence_logprob(model, tokenizer, r["prompt"], r["rejected"])
+               for r in ROWS) / len(ROWS)
+
+
+def test_at_step_0_the_loss_is_log_2_and_the_rewards_are_0(tiny_model_dir, tmp_path):
+    """From v0 the new adapter's LoRA B is zero: the policy is the reference, so it must be the base itself."""
+    model, tokenizer = tiny(tiny_model_dir)
+    result = train_dpo(model, tokenizer, ROWS, DPOConfig(epochs=1, batch_size=4), tmp_path / "v1", on_cpu=True)
+    first = result["steps"][0]
+    assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert first["chosen_reward"] == pytest.approx(0, abs=1e-6) and first["rejected_reward"] == pytest.approx(0, abs=1e-6)
+    assert len(result["steps"]) == 2 and result["pairs"] == len(ROWS)
+
+
+def test_rounds_continue_from_the_policy_raise_the_chosen_and_load_with_plain_peft(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    base, tokenizer = tiny(tiny_model_dir)
+    before = margin(base, tokenizer)
+    config = DPOConfig(epochs=4, batch_size=4, learning_rate=5e-3, beta=0.1)
+    train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / "v1", on_cpu=True)
+    v1 = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tmp_path / "v1")).eval()
+    after_one = margin(v1, tokenizer)
+    assert after_one > before + 1.0
+
+    # The next round starts from v1, still against the base: its first implicit rewards are v1's gain over v0.
+    result = train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / "v2", tmp_path / "v1", on_cpu=True)
+    first = result["steps"][0]
+    assert first["margin"] == pytest.approx(config.beta * (after_one - before), rel=0.05)
+    assert first["loss"] < math.log(2)
+    v2 = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tmp_path / "v2")).eval()
+    assert margin(v2, tokenizer) > after_one
+
+
+def test_pairs_too_long_are_left_out_and_counted(tiny_model_dir, tmp_path):
+    model, tokenizer = tiny(tiny_model_dir)
+    long = {"prompt": PROMPTS[0], "chosen": "music " * 200, "rejected": "light"}
+    result = train_dpo(model, tokenizer, ROWS + [long], DPOConfig(epochs=1, batch_size=4, max_length=64), tmp_path / "v1", on_cpu=True)
+    assert (result["pairs"], result["pairs_too_long"]) == (len(ROWS), 1)
+
+
+def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_model(tiny_project, tiny_model_dir):
+    from contextlib import closing
+
+    from peft import PeftModel
+
+    from store import open_database
+    from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
+    from tests.test_rounds import held_back_ids, read_parquet, vote_every_pair
+
+    set_settings(tiny_project, "dpo", batch_size=4, epochs=1)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("round 1: policy v1 from v0, DPO final margin")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
+        round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()
+        metrics = {name for (name,) in con.execute("SELECT DISTINCT name FROM metrics WHERE job_id = ?", [jobs[0][0]]).fetchall()}
+        adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
+    assert [(kind, status) for _, kind, status in jobs] == [("dpo", "done"), ("generate", "done")]
+    assert round_ == ("done", None, 1)
+    assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs"} <= metrics
+    trained_on = read_parquet(tiny_project / "jobs" / str(jobs[0][0]) / "inputs" / "preferences.parquet")
+    held_back = held_back_ids(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        prompts = {pid for (pid,) in con.execute(
+            f"SELECT prompt_id FROM pairs WHERE id IN ({', '.join('?' * len(trained_on))})", [r["pair_id"] for r in trained_on]).fetchall()}
+    assert prompts and not prompts & held_back, "DPO must not train on the held-back prompts"
+    model = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tiny_project / adapter))
+    assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+    assert "v0 → v1" in history

@@ -1,0 +1,151 @@
+"""DPO on the policy's LoRA adapter with TRL's DPOTrainer: a round of iterative DPO.
+
+The policy continues from the adapter of the version the round starts from, or from a fresh
+adapter on v0 (its LoRA B is zero, so it starts equal to the base). The reference is the base
+with every adapter off: no second copy of the model is loaded, and every round is tethered to
+the starting model, as PPO's KL penalty is.
+"""
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+
+from train import distributed
+from train.config import DPOConfig
+from train.errors import ModelError
+from train.models import uses_bf16
+from train.ppo import load_adapter_weights
+
+Messages = list[dict[str, str]]
+StepFn = Callable[[dict[str, Any]], None]
+
+# What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
+# beta * log(pi / pi_ref) of the chosen and rejected responses, their margin, and the share of
+# pairs whose chosen response has the larger one.
+METRICS = {
+    "loss": "loss",
+    "rewards/chosen": "chosen_reward",
+    "rewards/rejected": "rejected_reward",
+    "rewards/margins": "margin",
+    "rewards/accuracies": "accuracy",
+}
+
+
+class _StepLog(TrainerCallback):
+    def __init__(self, on_step: StepFn | None):
+        self.on_step, self.steps = on_step, []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "rewards/chosen" in logs:  # a step's log, not the run's summary
+            stats = {"step": state.global_step, **{ours: float(logs[theirs]) for theirs, ours in METRICS.items()}}
+            self.steps.append(stats)
+            if self.on_step is not None:
+                self.on_step({**stats, "total_steps": state.max_steps})
+
+
+def pair_length(tokenizer: PreTrainedTokenizerBase, prompt: Messages, chosen: str, rejected: str) -> int:
+    """Tokens in the longer of prompt + chosen and prompt + rejected, as the chat template renders them."""
+    return max(
+        len(tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True, return_dict=True)["input_ids"])
+        for response in (chosen, rejected)
+    )
+
+
+def train_dpo(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    config: DPOConfig,
+    out_dir: Path,
+    policy_dir: Path | None = None,
+    on_step: StepFn | None = None,
+    on_cpu: bool = False,
+) -> dict[str, Any]:
+    """Fit the policy adapter to preference rows ({"prompt": messages, "chosen": text, "rejected": text});
+    save it to out_dir as a plain PEFT adapter. Returns each step's metrics and the pairs used and left out.
+
+    model is the base causal LM, without adapters (train.models.load_model gives it).
+    """
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers.trainer_callback import PrinterCallback
+    from trl import DPOConfig as TRLDPOConfig
+    from trl import DPOTrainer
+
+    processes = distributed.world_size()
+    if config.batch_size % processes:
+        raise ModelError(f"[dpo] batch_size = {config.batch_size} does not split evenly across {processes} processes: "
+                         f"make it a multiple of {processes}")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"{out_dir} already exists and is not empty")
+    kept = [r for r in rows if pair_length(tokenizer, r["prompt"], r["chosen"], r["rejected"]) <= config.max_length]
+    if not kept:
+        raise ModelError(f"none of the {len(rows)} preference pairs fits in [dpo] max_length = {config.max_length} tokens")
+    if policy_dir is not None:
+        lora = LoraConfig.from_pretrained(str(policy_dir))
+        lora.inference_mode = False
+    else:
+        lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                          target_modules="all-linear")
+    torch.manual_seed(config.seed)
+    dataset = Dataset.from_list([
+        {"prompt": r["prompt"], "chosen": [{"role": "assistant", "content": r["chosen"]}],
+         "rejected": [{"role": "assistant", "content": r["rejected"]}]}
+        for r in kept
+    ])
+    log = _StepLog(on_step)
+    with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
+        args = TRLDPOConfig(
+            output_dir=scratch,
+            beta=config.beta,
+            num_train_epochs=config.epochs,
+            per_device_train_batch_size=config.batch_size // processes,
+            learning_rate=config.learning_rate,
+            lr_scheduler_type="linear",
+            max_length=None,  # the pairs that do not fit were left out above: TRL would cut their responses' ends
+            seed=config.seed,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            gradient_checkpointing=False,
+            bf16=uses_bf16(config.precision),
+            use_cpu=on_cpu,
+        )
+        # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the
+        # base with adapters off as the reference.
+        trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+                             callbacks=[log])
+        trainer.remove_callback(PrinterCallback)
+        if policy_dir is not None:  # before train(), which makes the optimiser
+            weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}
+            load_adapter_weights(trainer.model, weights, "default", policy_dir)
+        trainer.train()
+        # Mixed precision wraps forward in autocast; the saved adapter must be the plain float32 one.
+        peft_model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    distributed.report_share(len(kept), "preference pairs")
+    if distributed.is_main():
+        save_adapter(peft_model, out_dir, config)
+    return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept)}
+
+
+def save_adapter(peft_model, out_dir: Path, config: DPOConfig) -> None:
+    """The trained adapter as a directory PeftModel.from_pretrained loads, built beside out_dir and renamed into place."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        peft_model.save_pretrained(staging)  # the adapter named "default" lands in the folder itself
+        (staging / "dpo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
