@@ -305,9 +305,10 @@ def rollback(version: int, project_dir: Path):
               help="Prompt file the judge compares policies on; keep it apart from the project's prompts.")
 @click.option("--eval-samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers per evaluation prompt from each policy.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the annotators' noise and of the evaluation samples.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), help="How each round trains the next policy [default: [round] optimizer].")
 @project_option
 def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: int, round_count: int, eval_prompts: Path,
-             eval_samples: int, seed: int, project_dir: Path):
+             eval_samples: int, seed: int, optimizer: str | None, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
     The simulated annotators take pairs from the same queue, and vote through the same path, as
@@ -336,20 +337,16 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
         seconds: Counter = Counter()
         began = time.monotonic()
         votes = _cast(project, judge, noise, names, labels_per_round, rng, seconds)
-        round_ = run_round(project, None, seconds)
+        round_ = run_round(project, None, seconds, optimizer)
         evaluated = time.monotonic()
         answers = _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed)
         seconds["evaluation"] += time.monotonic() - evaluated
         summary = round_summary(project.run, round_.id)
         over_start = judge_against(judge, prompts, _texts(answers), _texts(baseline))
         over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
-        ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
         click.echo(
             f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
-            f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
-            f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
-            f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last; "
-            f"policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
+            f"{_training(project, summary, start)}; policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
             f"on {over_start.pairs} answers, over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
             f"judge mean score {over_start.mean_score:.3f}, {_ended(answers)} of its answers ended"
         )
@@ -388,6 +385,21 @@ def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
     queue = project.config.queue
     votes_per_pair = 1 + queue.overlap_share * (queue.overlap_votes - 1)
     return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
+
+
+def _training(project: Project, summary, start: Policy) -> str:
+    """What a simulated round's training did, in words: the reward model and PPO, or DPO."""
+    round_ = summary.round
+    if round_.reward_version is None:
+        pairs = project.run(job_metrics, summary.ppo_job)
+        return (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
+                f"accuracy {_share(summary.pair_accuracy)}")
+    ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
+    return (
+        f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
+        f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
+        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last"
+    )
 
 
 def _on_new_votes(project: Project, round_: Round) -> str:
