@@ -111,7 +111,7 @@ def refused(message: str) -> gr.Error:
 @dataclass
 class _Arrival:
     action: Action
-    result: tuple[Outcome, int, int] | Exception | None = None
+    result: tuple[Outcome, int, int] | BaseException | None = None
 
 
 class Server:
@@ -159,14 +159,14 @@ class Server:
                 now = utcnow()
                 try:
                     outcomes = self.queue.act(self.con, [a.action for a in batch], now)
-                except Exception as e:
+                except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
                     for other in batch:
                         other.result = NotSaved(f"the database could not save this, with {len(batch) - 1} others: {e}")
                     raise
                 for a, outcome in zip(batch, outcomes):
                     name = a.action.annotator
                     a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
-        if isinstance(arrival.result, Exception):
+        if isinstance(arrival.result, BaseException):
             raise arrival.result
         return arrival.result
 
