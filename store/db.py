@@ -125,12 +125,17 @@ def insert_rows(con: Connection, table: str, rows: list[dict[str, Any]], schema:
         con.unregister("_batch")
 
 
+def placeholders(count: int) -> str:
+    """'?, ?, ?' for `count` parameters: an IN list or a row of VALUES."""
+    return ", ".join("?" * count)
+
+
 def insert_values(con: Connection, into: str, rows: list[tuple], on_conflict: str = "") -> None:
     """Insert a few rows in one statement, `into` being a table and its columns: each statement costs DuckDB
     a millisecond or two of CPU, however small, and registering an Arrow batch (insert_rows) costs three."""
     if not rows:
         return
-    row = "(" + ", ".join("?" * len(rows[0])) + ")"
+    row = f"({placeholders(len(rows[0]))})"
     con.execute(f"INSERT INTO {into} VALUES {', '.join([row] * len(rows))} {on_conflict}", [v for r in rows for v in r])
 
 

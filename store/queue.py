@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from store.db import Connection, StoreError, insert_values, transaction
+from store.db import Connection, StoreError, insert_values, placeholders, transaction
 
 # The pairs an annotator may be served: live, never served to them before (so never a pair
 # they skipped or voted on), and short of votes counting the leases others hold now.
@@ -81,7 +81,7 @@ def insert_leases(con: Connection, leases: list[tuple[int, str, datetime, int, s
 
 def close_leases(con: Connection, tokens: list[str], now: datetime) -> None:
     if tokens:
-        con.execute(f"UPDATE assignments SET closed_at = ? WHERE token IN ({', '.join('?' * len(tokens))})", [now, *tokens])
+        con.execute(f"UPDATE assignments SET closed_at = ? WHERE token IN ({placeholders(len(tokens))})", [now, *tokens])
 
 
 def insert_skips(con: Connection, skips: list[tuple[int, str]], now: datetime) -> None:
@@ -161,7 +161,7 @@ def served_texts(con: Connection, prompt_ids: set[int], completion_ids: set[int]
 def _by_id(con: Connection, select: str, ids: set[int]) -> dict[int, str]:
     if not ids:
         return {}
-    return dict(con.execute(f"{select} WHERE id IN ({', '.join('?' * len(ids))})", list(ids)).fetchall())
+    return dict(con.execute(f"{select} WHERE id IN ({placeholders(len(ids))})", list(ids)).fetchall())
 
 
 @dataclass(frozen=True)
