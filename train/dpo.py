@@ -50,12 +50,21 @@ class _StepLog(TrainerCallback):
                 self.on_step({**stats, "total_steps": state.max_steps})
 
 
-def pair_length(tokenizer: PreTrainedTokenizerBase, prompt: Messages, chosen: str, rejected: str) -> int:
-    """Tokens in the longer of prompt + chosen and prompt + rejected, as the chat template renders them."""
-    return max(
-        len(tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True, return_dict=True)["input_ids"])
-        for response in (chosen, rejected)
-    )
+def encode_pair(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any]) -> dict[str, list[int]]:
+    """The pair's tokens as the policy sampled them: the prompt as the chat template renders it for
+    generation, then each completion closed by EOS only where it ended (`chosen_finished`,
+    `rejected_finished`).
+
+    The chat template would close every completion, and for one cut at max_new_tokens DPO would
+    then raise the probability of ending exactly there, in the chosen and the rejected alike.
+    """
+    prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+    def completion(text: str, finished: bool) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] * finished
+
+    return {"prompt_ids": prompt, "chosen_ids": completion(row["chosen"], row["chosen_finished"]),
+            "rejected_ids": completion(row["rejected"], row["rejected_finished"])}
 
 
 def train_dpo(
@@ -68,7 +77,8 @@ def train_dpo(
     on_step: StepFn | None = None,
     on_cpu: bool = False,
 ) -> dict[str, Any]:
-    """Fit the policy adapter to preference rows ({"prompt": messages, "chosen": text, "rejected": text});
+    """Fit the policy adapter to preference rows ({"prompt": messages, "chosen": text, "rejected": text,
+    "chosen_finished": bool, "rejected_finished": bool});
     save it to out_dir as a plain PEFT adapter. Returns each step's metrics and the pairs used and left out.
 
     model is the base causal LM, without adapters (train.models.load_model gives it).
@@ -79,13 +89,18 @@ def train_dpo(
     from trl import DPOConfig as TRLDPOConfig
     from trl import DPOTrainer
 
+    class _PairsAsSampled(DPOTrainer):
+        def _prepare_dataset(self, dataset, *args, **kwargs):  # tokenized already, by encode_pair
+            return dataset
+
     processes = distributed.world_size()
     if config.batch_size % processes:
         raise ModelError(f"[dpo] batch_size = {config.batch_size} does not split evenly across {processes} processes: "
                          f"make it a multiple of {processes}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
-    kept = [r for r in rows if pair_length(tokenizer, r["prompt"], r["chosen"], r["rejected"]) <= config.max_length]
+    encoded = [encode_pair(tokenizer, r) for r in rows]
+    kept = [e for e in encoded if len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) <= config.max_length]
     if not kept:
         raise ModelError(f"none of the {len(rows)} preference pairs fits in [dpo] max_length = {config.max_length} tokens")
     if policy_dir is not None:
@@ -95,11 +110,7 @@ def train_dpo(
         lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                           target_modules="all-linear")
     torch.manual_seed(config.seed)
-    dataset = Dataset.from_list([
-        {"prompt": r["prompt"], "chosen": [{"role": "assistant", "content": r["chosen"]}],
-         "rejected": [{"role": "assistant", "content": r["rejected"]}]}
-        for r in kept
-    ])
+    dataset = Dataset.from_list(kept)
     log = _StepLog(on_step)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLDPOConfig(
@@ -121,7 +132,7 @@ def train_dpo(
         )
         # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the
         # base with adapters off as the reference.
-        trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+        trainer = _PairsAsSampled(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                              callbacks=[log])
         trainer.remove_callback(PrinterCallback)
         if policy_dir is not None:  # before train(), which makes the optimiser

@@ -156,8 +156,7 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     from train.models import device, load_model
 
     dpo = DPOConfig(**config["dpo"])
-    rows = [{"prompt": json.loads(r["prompt"]), "chosen": r["chosen"], "rejected": r["rejected"]}
-            for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()]
+    rows = [r | {"prompt": json.loads(r["prompt"])} for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()]
     base = ModelConfig(**config["model"])
     model, tokenizer = load_model(base)
     events.emit("started", pairs=len(rows))

@@ -23,7 +23,7 @@ from annotate.export import preference_rows
 from annotate.pairs import add_completions_with_pairs
 from store import Connection, StoreError, transaction
 from store.db import utcnow
-from store.completions import NewCompletion, completions_to_score, set_rewards
+from store.completions import NewCompletion, completions_to_score, finished_ids, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
 from store.policies import add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
@@ -113,8 +113,11 @@ def submit_reward_training(
     rows = (read or run)(preference_rows, reward.include_imported)
     if not rows:
         raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
+    finished = (read or run)(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
     snapshot = pa.Table.from_pylist([
-        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]), "chosen": r["chosen"][0]["content"], "rejected": r["rejected"][0]["content"]}
+        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
+         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
+         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
         for r in rows
     ])
     config = {
@@ -233,8 +236,11 @@ def submit_dpo(project: Project, run: Run, policy_version: int | None = None, ro
     if not rows:
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
+    finished = (read or run)(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
     snapshot = pa.Table.from_pylist([
-        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]), "chosen": r["chosen"][0]["content"], "rejected": r["rejected"][0]["content"]}
+        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
+         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
+         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
         for r in rows
     ])
     config = {
