@@ -18,9 +18,10 @@ class Round:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+    optimizer: str  # ppo, dpo or grpo
 
 
-_COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_start, error, created_at, finished_at"
+_COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_start, error, created_at, finished_at, optimizer"
 
 
 def comparisons_made(con: Connection) -> int:
@@ -28,15 +29,15 @@ def comparisons_made(con: Connection) -> int:
     return con.execute("SELECT count(*) FROM comparisons WHERE source <> 'import'").fetchone()[0]
 
 
-def add_round(con: Connection, policy_from: int, reward_version: int | None) -> Round:
+def add_round(con: Connection, policy_from: int, reward_version: int | None, optimizer: str = "ppo") -> Round:
     if (running := running_round(con)) is not None:
         raise StoreError(f"round {running.id} is still running: cancel it or wait for it to finish")
     row = con.execute(
         f"""
-        INSERT INTO rounds (status, policy_from, reward_version, comparisons_at_start)
-        VALUES ('running', ?, ?, ?) RETURNING {_COLUMNS}
+        INSERT INTO rounds (status, policy_from, reward_version, comparisons_at_start, optimizer)
+        VALUES ('running', ?, ?, ?, ?) RETURNING {_COLUMNS}
         """,
-        [policy_from, reward_version, comparisons_made(con)],
+        [policy_from, reward_version, comparisons_made(con), optimizer],
     ).fetchone()
     return Round(*row)
 

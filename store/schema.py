@@ -195,4 +195,8 @@ MIGRATIONS = [
             created_at TIMESTAMP NOT NULL
         );
     """),
+    Migration(6, "the optimiser of each round", """
+        -- 'ppo', 'dpo' or 'grpo': which job follows a round's reward model, and what its history shows.
+        ALTER TABLE rounds ADD COLUMN optimizer VARCHAR NOT NULL DEFAULT 'ppo';
+    """),
 ]

@@ -26,7 +26,7 @@ OPERATOR_CALLS = {
     "/reward_models": (None,),
     "/round_status": (),
     "/rounds": (None,),
-    "/start_round": (None,),
+    "/start_round": (None, "dpo"),
     "/cancel_round": (),
     "/set_schedule": (5,),
     "/rollback": (0,),

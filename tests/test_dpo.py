@@ -97,7 +97,7 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("round 1: policy v1 from v0, DPO final margin")
+    assert done.stdout.startswith("round 1: policy v1 from v0; DPO on ")
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
         round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()

@@ -166,3 +166,36 @@ def test_progress_is_reported_after_each_batch(tiny_model_dir):
     config = GenerationConfig(temperature=0, max_new_tokens=4, batch_size=2, per_prompt=1)
     generate(model, tokenizer, PROMPTS, config, progress=False, on_progress=lambda done, total: reports.append((done, total)))
     assert reports == [(2, 3), (3, 3)]
+
+
+def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh_adapter(tiny_model_dir):
+    from train.generate import Generated, kl_to_base
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).eval()
+    # Answers of different lengths, one cut at the limit (no EOS), so the batch is left-padded.
+    answers = [Generated(0, "music and light", 4, True), Generated(1, "the end of the day is near", 7, False), Generated(2, "yes", 2, True)]
+    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=3) == 0.0  # LoRA's B starts at zero
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+
+    def alone(answer) -> float:
+        prompt = tokenizer.apply_chat_template(PROMPTS[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        response = tokenizer.encode(answer.text, add_special_tokens=False) + [tokenizer.eos_token_id] * answer.finished
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            on = (policy(input_ids=ids).logits[0, :-1] / 0.8).log_softmax(-1)
+            with policy.disable_adapter():
+                off = (policy(input_ids=ids).logits[0, :-1] / 0.8).log_softmax(-1)
+        targets = ids[0, 1:]
+        rows = torch.arange(len(targets))[-len(response):]
+        return (on[rows, targets[rows]] - off[rows, targets[rows]]).sum().item()
+
+    expected = sum(map(alone, answers)) / len(answers)
+    assert expected != 0
+    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
+    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)

@@ -18,6 +18,7 @@ from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
 from tests.test_rounds import short_training, vote_every_pair
+from ui.app import CURVES
 from ui.rounds import round_history, round_warnings
 
 PASSWORD = "password-123"
@@ -55,27 +56,28 @@ def wait_for_no_round(operator: Client, seen: set[str], timeout: float = 300) ->
 
 def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_ratings(tiny_project):
     with loop_app(tiny_project, ppo_steps=3) as (operator, annotator):
-        started = operator.predict(None, api_name="/start_round")
+        started = operator.predict(None, "ppo", api_name="/start_round")
         assert started == "Started round 1: its first job is 2 (reward model)."  # job 1 generated the v0 pairs
         seen: set[str] = set()
         wait_for_no_round(operator, seen)
         stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
         assert {"reward model", "PPO"} <= stages, seen
 
-        (history, scores, warnings, shown, samples, reward_choices,
-         score, kl, kl_to_start, ended, entropy, length) = operator.predict(None, api_name="/rounds")
+        history, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1"]
         assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
-        assert newest["PPO responses ended"].endswith("%")  # the share of PPO's responses that ended
+        assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended
+        assert newest["optimizer and settings"].startswith("PPO: steps 3,")
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
         assert reward_choices["choices"][1:] == [["v1", 1]]  # after "a new one"
         assert len(samples["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["data"])
-        plots = {"score": score, "kl": kl, "kl_to_start": kl_to_start, "finished": ended, "entropy": entropy, "response_length": length}
-        for name, plot in plots.items():
-            assert [row[0] for row in plot["data"]] == [1, 2, 3], name
-        assert kl["data"][0][1] == 0.0  # the policy is the reference at the first step
-        assert all(0 <= row[1] <= 1 for row in ended["data"])
+        curves = shown_curves(plots)
+        assert list(curves) == list(CURVES["ppo"].values())
+        for title, points in curves.items():
+            assert [step for step, _ in points] == [1, 2, 3], title
+        assert curves["KL to the starting model (v0)"][0][1] == 0.0  # the policy is the reference at the first step
+        assert all(0 <= share <= 1 for _, share in curves["Share of responses that ended"])
 
         # The annotator is served the new-against-old pairs; their votes become the round's win rate.
         votes = 0
@@ -90,13 +92,41 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
 
 
+def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_project):
+    with loop_app(tiny_project) as (operator, _):
+        with pytest.raises(Exception, match="optimizer must be one of|not in the list of choices"):
+            operator.predict(None, "sgd", api_name="/start_round")
+        assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (DPO)."
+        seen: set[str] = set()
+        wait_for_no_round(operator, seen)
+        assert {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")} == {"DPO", "completions"}, seen
+
+        history, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
+        newest = newest_round(history)
+        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", ""]
+        assert newest["optimizer and settings"].startswith("DPO: beta 0.1, votes latest, epochs 1,")
+        assert shown["value"] == 1 and samples["data"] == []  # DPO samples nothing while it trains
+        curves = shown_curves(plots)
+        assert list(curves) == list(CURVES["dpo"].values())
+        steps = [step for step, _ in curves["DPO loss"]]
+        assert steps == list(range(1, len(steps) + 1))
+        assert curves["DPO loss"][0][1] == pytest.approx(0.6931, abs=1e-3)  # log 2: the reference is the base
+        for title, points in curves.items():
+            assert [step for step, _ in points] == steps, title
+
+
+def shown_curves(plots: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """The Loop view's visible plots: their titles, and (step, value) points."""
+    return {plot["label"]: [tuple(row) for row in plot["value"]["data"]] for plot in plots if plot.get("visible", True)}
+
+
 def newest_round(history: dict) -> dict:
     return dict(zip(history["headers"], history["data"][0]))
 
 
 def test_cancelling_a_round_stops_its_job_and_queues_nothing_after_it(tiny_project):
     with loop_app(tiny_project, reward_epochs=50) as (operator, _):  # training long enough to cancel
-        operator.predict(None, api_name="/start_round")
+        operator.predict(None, "ppo", api_name="/start_round")
         deadline = time.monotonic() + 120
         while "running" not in operator.predict(api_name="/round_status") and time.monotonic() < deadline:
             time.sleep(0.2)

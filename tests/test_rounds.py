@@ -111,14 +111,20 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
 
     result = run_tether(
         "simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10",
-        "--rounds", "2", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--project", str(tiny_project),
+        "--rounds", "2", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
+        "--project", str(tiny_project),
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["optimizer"], r["policy"], r["votes"], r["pairs"]) for r in report] == [(1, "ppo", 1, 10, 10), (2, "ppo", 2, 10, 10)]
     assert lines[1].startswith("round 0: policy v0, judge mean score")
     for number in (1, 2):
         line = next(line for line in lines if line.startswith(f"round {number}:"))
-        assert f"policy v{number}: judge win rate over v0" in line and "on 10 answers" in line and "KL to v0" in line
+        assert f"policy v{number}: judge win rate over v0" in line and "on 10 answers" in line
+        figures = report[number - 1]
+        assert f"KL to v0 on its answers {figures['kl_to_v0']:.2f}," in line and f"{figures['win_rate']:.1%} [{figures['low']:.1%}" in line
+        assert figures["seconds"] >= sum(figures["stages"].values()) and set(figures["stages"]) >= {"votes", "PPO", "evaluation"}
         assert re.search(r"10 votes, \d+\.\d% of them expected to side with the noiseless judge", line)
         assert re.search(rf"over v{number - 1} \d+\.\d%", line) and "of its answers ended" in line
         took = next(line for line in lines if line.startswith(f"round {number} took"))

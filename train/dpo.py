@@ -6,22 +6,19 @@ with every adapter off: no second copy of the model is loaded, and every round i
 the starting model, as PPO's KL penalty is.
 """
 
-import json
-import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from train import distributed
+from train.adapters import continue_from, policy_lora, save_adapter
 from train.config import DPOConfig
 from train.errors import ModelError
 from train.models import uses_bf16
-from train.ppo import load_adapter_weights
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -84,7 +81,6 @@ def train_dpo(
     model is the base causal LM, without adapters (train.models.load_model gives it).
     """
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers.trainer_callback import PrinterCallback
     from trl import DPOConfig as TRLDPOConfig
     from trl import DPOTrainer
@@ -103,12 +99,7 @@ def train_dpo(
     kept = [e for e in encoded if len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) <= config.max_length]
     if not kept:
         raise ModelError(f"none of the {len(rows)} preference pairs fits in [dpo] max_length = {config.max_length} tokens")
-    if policy_dir is not None:
-        lora = LoraConfig.from_pretrained(str(policy_dir))
-        lora.inference_mode = False
-    else:
-        lora = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                          target_modules="all-linear")
+    lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     dataset = Dataset.from_list(kept)
     log = _StepLog(on_step)
@@ -133,30 +124,11 @@ def train_dpo(
         # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the
         # base with adapters off as the reference.
         trainer = _PairsAsSampled(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
-                             callbacks=[log])
+                              callbacks=[log])
         trainer.remove_callback(PrinterCallback)
-        if policy_dir is not None:  # before train(), which makes the optimiser
-            weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}
-            load_adapter_weights(trainer.model, weights, "default", policy_dir)
+        continue_from(trainer, policy_dir)
         trainer.train()
-        # Mixed precision wraps forward in autocast; the saved adapter must be the plain float32 one.
-        peft_model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     distributed.report_share(len(kept), "preference pairs")
     if distributed.is_main():
-        save_adapter(peft_model, out_dir, config)
+        save_adapter(trainer, out_dir, "dpo_config.json", asdict(config))
     return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept)}
-
-
-def save_adapter(peft_model, out_dir: Path, config: DPOConfig) -> None:
-    """The trained adapter as a directory PeftModel.from_pretrained loads, built beside out_dir and renamed into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        peft_model.save_pretrained(staging)  # the adapter named "default" lands in the folder itself
-        (staging / "dpo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

@@ -108,3 +108,39 @@ def end_of_turn_ids(model, tokenizer) -> set[int]:
     ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
     ids.add(tokenizer.eos_token_id)
     return ids
+
+
+def kl_to_base(model, tokenizer: PreTrainedTokenizerBase, prompts: list[Messages], answers: list[Generated], temperature: float,
+               batch_size: int) -> float:
+    """KL(policy || base) estimated on the policy's own answers: the mean over answers of
+    log pi(y | x) - log pi_0(y | x), both at the sampling temperature (top-p and top-k aside).
+
+    `model` is a PeftModel: its adapters off give the base. Every optimiser's policy is measured
+    alike, on prompts none of them trained on, whatever KL its training reported.
+    """
+    end = tokenizer.eos_token_id
+
+    def sequence(answer: Generated) -> tuple[list[int], int]:
+        prompt = tokenizer.apply_chat_template(prompts[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        response = tokenizer(answer.text, add_special_tokens=False)["input_ids"] + [end] * answer.finished
+        return prompt + response, len(response)
+
+    def log_ratios(batch: list[Generated]) -> list[float]:
+        sequences, lengths = zip(*map(sequence, batch))
+        padded = tokenizer.pad({"input_ids": list(sequences)}, padding=True, return_tensors="pt").to(model.device)
+        ids, mask = padded["input_ids"], padded["attention_mask"]
+        positions = (mask.cumsum(1) - 1).clamp(min=0)  # left padding: each sequence counts from its first real token
+
+        def logprobs() -> torch.Tensor:  # (B, T - 1) of each next token
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1].float() / temperature
+            return logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+        with torch.inference_mode():
+            policy = logprobs()
+            with model.disable_adapter():
+                base = logprobs()
+        start = policy.shape[1]
+        return [(policy[i, start - n:] - base[i, start - n:]).sum().item() for i, n in enumerate(lengths)]
+
+    ratios = in_batches(answers, batch_size, log_ratios, "KL to the base")
+    return sum(ratios) / len(ratios)

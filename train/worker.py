@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from train import distributed
-from train.config import DPOConfig, GenerationConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
 
@@ -169,12 +169,34 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     return {"adapter": "policy", "steps": result["steps"], "pairs": result["pairs"], "pairs_too_long": result["pairs_too_long"]}
 
 
+def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
+    from train.grpo import train_grpo
+    from train.models import device, load_model, resolve_model_path
+    from train.reward import load_reward_model
+
+    grpo = GRPOConfig(**config["grpo"])
+    prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
+    base = ModelConfig(**config["model"])
+    model, tokenizer = load_model(base)
+    reward = load_reward_model(resolve_model_path(base.name_or_path), Path(config["reward_adapter_path"]), base)
+    events.emit("started", prompts=len(prompts), total_steps=grpo.steps)
+
+    def step(stats: dict[str, Any]) -> None:
+        events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
+
+    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    result = train_grpo(model, tokenizer, prompts, reward, grpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
+    return {"adapter": "policy", "steps": result["steps"]}
+
+
 RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "generate": run_generate,
     "reward_model": run_reward_model,
     "score": run_score,
     "ppo": run_ppo,
     "dpo": run_dpo,
+    "grpo": run_grpo,
 }
 
 

@@ -44,7 +44,7 @@ from ui import control
 from ui.auth import ClientAddress, SignInGuard, WeakPassword, hash_new_password
 from ui.job_queue import JobQueue
 from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
-from ui.config import write_config
+from ui.config import OPTIMIZERS, write_config
 from ui.project import CONFIG_FILE, Project
 from ui.recovery import reconcile
 from ui.rounds import STAGES, describe, ratings, roll_back, round_history, round_warnings, start_round
@@ -80,27 +80,45 @@ CSS = """
 
 
 # The round history's columns in the Loop tab (keys of ui.rounds.describe), with their headers: what
-# people think of each round first, the long PPO settings last, so a narrow screen shows the verdict.
+# people think of each round first, the long training settings last, so a narrow screen shows the verdict.
 ROUND_COLUMNS = [
     ("round", "round"), ("status", "status"), ("policy", "policy"), ("win rate", "win rate [95% CI]"),
     ("length-controlled", "length-controlled [95% CI]"), ("votes", "votes"), ("reward model", "reward model"),
     ("RM accuracy", "RM accuracy"), ("RM on new votes", "RM accuracy on new votes"), ("KL to v0", "KL to v0"),
-    ("KL to parent", "KL to parent"), ("ended", "PPO responses ended"), ("PPO", "PPO settings"),
+    ("KL to parent", "KL to parent"), ("ended", "responses ended in training"), ("optimizer", "optimizer and settings"),
 ]
 # The reward-model choice that starts a round by training a new one.
 NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
 DATA_REFRESH_SECONDS = 10
 ANNOTATE_EVENT = dict(queue=False, preprocess=False, postprocess=False, show_progress="hidden", api_visibility="undocumented")
 
-# The PPO statistics the Loop tab plots per step, with their titles.
-PPO_CURVES = {
-    "score": "Reward-model score",
-    "kl": "KL to the starting model (v0)",
-    "kl_to_start": "KL to the version PPO started from",
-    "finished": "Share of responses that ended",
-    "entropy": "Entropy",
-    "response_length": "Response length (tokens)",
+# The statistics the Loop tab plots per step of each optimiser, with their titles.
+CURVES = {
+    "ppo": {
+        "score": "Reward-model score",
+        "kl": "KL to the starting model (v0)",
+        "kl_to_start": "KL to the version PPO started from",
+        "finished": "Share of responses that ended",
+        "entropy": "Entropy",
+        "response_length": "Response length (tokens)",
+    },
+    "dpo": {
+        "loss": "DPO loss",
+        "margin": "Implicit reward margin, chosen minus rejected",
+        "accuracy": "Share of pairs whose chosen answer has the larger implicit reward",
+        "chosen_reward": "Implicit reward of the chosen answers",
+        "rejected_reward": "Implicit reward of the rejected answers",
+    },
+    "grpo": {
+        "score": "Reward-model score, penalties included",
+        "score_std": "Standard deviation of the scores",
+        "kl_per_token": "KL to the starting model (v0), per token",
+        "finished": "Share of responses that ended",
+        "response_length": "Response length (tokens)",
+        "clip_ratio": "Share of tokens whose ratio was clipped",
+    },
 }
+PLOTS = max(len(curves) for curves in CURVES.values())
 
 
 def refused(message: str) -> gr.Error:
@@ -475,43 +493,47 @@ class Handlers:
                 f"{_progress_bar(job.progress)}{step}; {schedule}.")
 
     def loop_data(self, shown_round: int | None, request: gr.Request) -> tuple:
-        """The round history, the ratings, the warnings, and the PPO curves of one round (the newest unless chosen)."""
+        """The round history, the ratings, the warnings, and the training curves of one round (the newest unless chosen)."""
         self.server.operator(request)
         history = round_history(self.server.db)
         table = [[row[key] for key, _ in ROUND_COLUMNS] for row in map(describe, reversed(history))]
         scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
         length = self.server.project.config.length_warning()
         warnings = "\n".join(([length] if length else []) + round_warnings(self.server.db, history)) or "None."
-        with_ppo = [summary for summary in history if summary.ppo_job is not None]
-        shown = next((s for s in with_ppo if s.round.id == shown_round), with_ppo[-1] if with_ppo else None)
-        steps = self._ppo_steps(shown.ppo_job) if shown else pd.DataFrame(columns=["step", *PPO_CURVES])
-        samples = self._ppo_samples(shown.ppo_job) if shown else []
-        choice = gr.update(choices=[s.round.id for s in with_ppo], value=shown.round.id if shown else None)
+        trained = [summary for summary in history if summary.policy_job is not None]
+        shown = next((s for s in trained if s.round.id == shown_round), trained[-1] if trained else None)
+        curves = CURVES[shown.optimizer] if shown else {}
+        steps = self._steps(shown.policy_job, list(curves)) if shown else pd.DataFrame()
+        plots = [gr.update(value=steps[["step", name]].rename(columns={name: "value"}), label=title, visible=True)
+                 for name, title in curves.items()]
+        plots += [gr.update(value=pd.DataFrame(columns=["step", "value"]), visible=False)] * (PLOTS - len(plots))
+        samples = self._samples(shown.policy_job) if shown else []
+        choice = gr.update(choices=[s.round.id for s in trained], value=shown.round.id if shown else None)
         reward_choices = gr.update(choices=[NEW_REWARD_MODEL] + [(f"v{rm.version}", rm.version) for rm in self.server.db(list_reward_models)])
-        return (table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, samples, reward_choices,
-                *(steps[["step", name]] for name in PPO_CURVES))
+        return (table, [[f"v{v}", round(r)] for v, r in scores], warnings, choice, samples, reward_choices, *plots)
 
-    def _ppo_steps(self, job_id: int) -> pd.DataFrame:
-        """Per-step PPO statistics: from the database once the job is done, from its worker's events while it runs."""
+    def _steps(self, job_id: int, names: list[str]) -> pd.DataFrame:
+        """A training job's per-step statistics: from the database once it is done, from its worker's events while it runs."""
         job = self.server.db(get_job, job_id)
         if job.status == "done":
-            series = {name: dict(self.server.db(metric_series, job.id, name)) for name in PPO_CURVES}
-            rows = [{"step": step, **{name: series[name].get(step) for name in PPO_CURVES}} for step in sorted(series["score"])]
+            series = {name: dict(self.server.db(metric_series, job.id, name)) for name in names}
+            rows = [{"step": step, **{name: series[name].get(step) for name in names}} for step in sorted(series[names[0]])]
         else:
             events = read_events(job_dir(self.server.project, job.id), 0)[0]
-            rows = [{"step": e["step"], **{name: e.get(name) for name in PPO_CURVES}} for e in events if "step" in e]
-        return pd.DataFrame(rows, columns=["step", *PPO_CURVES])
+            rows = [{"step": e["step"], **{name: e.get(name) for name in names}} for e in events if "step" in e]
+        return pd.DataFrame(rows, columns=["step", *names])
 
-    def _ppo_samples(self, job_id: int) -> list[list]:
-        """The responses the worker logged at PPO's latest step, with their scores."""
+    def _samples(self, job_id: int) -> list[list]:
+        """The responses the worker logged at a PPO job's latest step, with their scores."""
         events = read_events(job_dir(self.server.project, job_id), 0)[0]
         latest = next((e for e in reversed(events) if "samples" in e), None)
         return [[latest["step"], s["prompt"], s["response"], _round(s["score"], 3)] for s in latest["samples"]] if latest else []
 
-    def start_round(self, reward_version: float | None, request: gr.Request) -> str:
+    def start_round(self, reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
         self.server.operator(request)
         with user_errors():
-            job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None, self.server.snapshot)
+            job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None, self.server.snapshot,
+                              optimizer)
         return f"Started round {job.round}: its first job is {job.id} ({STAGES[job.kind]})."
 
     def cancel_round(self, request: gr.Request) -> str:
@@ -795,6 +817,9 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer, tab: gr.Tab) -> None:
         # allow_custom_value: a version registered since the page loaded is still accepted; the server checks it.
         reward_version = gr.Dropdown(label="Reward model for the round", choices=[NEW_REWARD_MODEL], value=NEW_REWARD_MODEL[1],
                                      allow_custom_value=True)
+        # The server refuses any other value, whatever a client sends.
+        optimizer = gr.Radio(label="Optimiser", choices=[(name.upper(), name) for name in OPTIMIZERS],
+                             value=handlers.server.project.config.round.optimizer)
         start = gr.Button("Start a round", variant="primary")
         cancel = gr.Button("Cancel the round", variant="stop")
     with gr.Row():
@@ -814,18 +839,18 @@ def build_loop_tab(handlers: Handlers, timer: gr.Timer, tab: gr.Tab) -> None:
     with gr.Row():
         rollback_version = gr.Number(label="Policy version to roll back to (a copy becomes the newest; nothing is deleted)", precision=0, minimum=0)
         rollback = gr.Button("Roll back")
-    shown = gr.Dropdown(label="PPO steps of round", choices=[])
-    curves, plots = list(PPO_CURVES.items()), []
-    for row in (curves[:3], curves[3:]):
+    shown = gr.Dropdown(label="Training steps of round", choices=[])
+    plots = []
+    for row in (range(3), range(3, PLOTS)):
         with gr.Row():
-            plots += [gr.LinePlot(x="step", y=name, title=title) for name, title in row]
+            plots += [gr.LinePlot(x="step", y="value", show_label=True) for _ in row]
     samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], label="Responses sampled at PPO's latest step", interactive=False, wrap=True)
     outputs = [history, scores, warnings, shown, samples, reward_version, *plots]
     timer.tick(handlers.loop_status, outputs=[status], api_name="round_status", api_visibility="undocumented", show_progress="hidden")
     # The view loads when opened, and again whenever the round's state line changes.
     tab.select(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented", show_progress="hidden")
     status.change(handlers.loop_data, inputs=[shown], outputs=outputs, api_visibility="undocumented", show_progress="hidden")
-    start.click(handlers.start_round, inputs=[reward_version], outputs=[result], api_name="start_round", api_visibility="undocumented")
+    start.click(handlers.start_round, inputs=[reward_version, optimizer], outputs=[result], api_name="start_round", api_visibility="undocumented")
     cancel.click(handlers.cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")
     save_every.click(handlers.set_schedule, inputs=[every], outputs=[result], api_name="set_schedule", api_visibility="undocumented")
     rollback.click(handlers.roll_back, inputs=[rollback_version], outputs=[result], api_name="rollback", api_visibility="undocumented")

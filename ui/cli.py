@@ -1,6 +1,7 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
 import dataclasses
+import json
 import math
 import random
 import sys
@@ -34,7 +35,9 @@ from ui.config import OPTIMIZERS, ConfigError
 from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.project import Project, ProjectError, init_project, load_project
 from ui.recovery import reconcile
-from ui.rounds import STAGES, advance_round, describe, ratings, roll_back, round_history, round_summary, round_warnings, start_round
+from ui.rounds import (
+    STAGES, RoundSummary, advance_round, describe, ratings, roll_back, round_history, round_summary, round_warnings, start_round,
+)
 
 
 class TetherGroup(click.Group):
@@ -197,8 +200,8 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
 def round_command(optimizer: str | None, reward_version: int | None, project_dir: Path):
     """Run a training round: the next policy from the votes, then pairs of it against the old one for annotators.
 
-    With PPO a reward model is trained on the votes and PPO optimises the policy against it; with
-    DPO the policy learns from the votes directly. Either starts from the newest policy and
+    With PPO or GRPO a reward model is trained on the votes and the policy is optimised against
+    it; with DPO the policy learns from the votes directly. Each starts from the newest policy and
     trains on the prompts not held back ([round] in tether.toml). Both policies then answer the
     held-back prompts, and each new answer is paired with an old one: the votes on those pairs
     are the round's human win rate (`tether rounds`).
@@ -210,13 +213,8 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
     """
     project = load_project(project_dir)
     round_ = run_round(project, reward_version, optimizer=optimizer)
-    summary = next(s for s in round_history(project.run) if s.round.id == round_.id)
-    if summary.round.reward_version is None:  # DPO
-        trained = f"DPO final margin {summary.margin:+.3f}, accuracy {_share(summary.pair_accuracy)}"
-    else:
-        trained = (f"reward model v{round_.reward_version} (held-out accuracy {_share(summary.reward_accuracy)}), "
-                   f"PPO score {summary.score_gain:+.3f}, final KL {summary.kl:.3f}")
-    click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}, {trained}; "
+    summary = round_summary(project.run, round_.id)
+    click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}; {_training(project, summary)}; "
                f"new-against-old pairs are queued for annotators")
 
 
@@ -306,16 +304,19 @@ def rollback(version: int, project_dir: Path):
 @click.option("--eval-samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers per evaluation prompt from each policy.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the annotators' noise and of the evaluation samples.")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help="How each round trains the next policy [default: [round] optimizer].")
+@click.option("--report", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              help="Also append each round's figures to this file, one JSON object per line.")
 @project_option
 def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: int, round_count: int, eval_prompts: Path,
-             eval_samples: int, seed: int, optimizer: str | None, project_dir: Path):
+             eval_samples: int, seed: int, optimizer: str | None, report: Path | None, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
     The simulated annotators take pairs from the same queue, and vote through the same path, as
     people in the app; when the queue runs dry the newest policy answers more prompts. After
     each round the judge compares the new policy with the starting one and with its parent on
-    the evaluation prompts, and the round's line says how much its votes could teach, the KL,
-    the share of answers that ended, and where its time went. At the end the last round's pairs
+    the evaluation prompts, and the round's line says how much its votes could teach, the KL to
+    the starting model on the new policy's evaluation answers, the share of answers that ended,
+    and where its time went. At the end the last round's pairs
     get votes too, and the round table of `tether rounds` follows.
 
     \b
@@ -329,7 +330,7 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
     names = [f"simulated-{i}" for i in range(1, annotators + 1)]
     start = project.run(get_policy, None)
     click.echo(f"sampling {eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    baseline = _sample_answers(project, start, prompts, eval_samples, seed)
+    baseline, _ = _sample_answers(project, start, prompts, eval_samples, seed)
     click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, "
                f"{_ended(baseline)} of its answers ended")
     previous = baseline
@@ -339,18 +340,26 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
         votes = _cast(project, judge, noise, names, labels_per_round, rng, seconds)
         round_ = run_round(project, None, seconds, optimizer)
         evaluated = time.monotonic()
-        answers = _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed)
+        answers, kl = _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed)
         seconds["evaluation"] += time.monotonic() - evaluated
         summary = round_summary(project.run, round_.id)
         over_start = judge_against(judge, prompts, _texts(answers), _texts(baseline))
         over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
         click.echo(
             f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
-            f"{_training(project, summary, start)}; policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
+            f"{_training(project, summary)}; policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
             f"on {over_start.pairs} answers, over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
-            f"judge mean score {over_start.mean_score:.3f}, {_ended(answers)} of its answers ended"
+            f"judge mean score {over_start.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
         )
-        click.echo(f"round {number} took {time.monotonic() - began:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
+        took = time.monotonic() - began
+        click.echo(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
+        if report is not None:
+            figures = {"round": number, "optimizer": summary.optimizer, "policy": round_.policy_to, "votes": votes.cast,
+                       "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
+                       "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
+                       "seconds": took, "stages": dict(seconds)}
+            with report.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(figures) + "\n")
         previous = answers
     # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
     _cast(project, judge, noise, names, labels_per_round, rng, Counter(), generate_more=False)
@@ -387,18 +396,22 @@ def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
     return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
 
 
-def _training(project: Project, summary, start: Policy) -> str:
-    """What a simulated round's training did, in words: the reward model and PPO, or DPO."""
+def _training(project: Project, summary: RoundSummary) -> str:
+    """What a round's training did, in words: DPO, or the reward model and PPO or GRPO."""
     round_ = summary.round
-    if round_.reward_version is None:
-        pairs = project.run(job_metrics, summary.ppo_job)
+    if summary.optimizer == "dpo":
+        pairs = project.run(job_metrics, summary.policy_job)
         return (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
                 f"accuracy {_share(summary.pair_accuracy)}")
-    ppo = [v for _, v in project.run(metric_series, summary.ppo_job, "finished")]
+    ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
+    reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
+    if summary.optimizer == "grpo":
+        kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
+        return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
+                f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
     return (
-        f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
-        f"PPO {len(ppo)} steps, KL to v{start.version} {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
-        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ppo[0]:.0%} at its first step and {ppo[-1]:.0%} at its last"
+        f"{reward_model}; PPO {len(ended)} steps, KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
+        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
     )
 
 
@@ -418,15 +431,19 @@ def _ended(answers: list) -> str:
     return f"{sum(a.finished for a in answers) / len(answers):.0%}"
 
 
-def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> list:
-    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt; the same seed for every version."""
-    from train.generate import generate  # torch and transformers take seconds to import
+def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
+    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt, the same
+    seed for every version; and the policy's KL to the base on them."""
+    from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
     from train.models import load_model
 
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
     adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
     model, tokenizer = load_model(project.config.model, adapter)
-    return generate(model, tokenizer, prompts, config)
+    answers = generate(model, tokenizer, prompts, config)
+    if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
+        return answers, 0.0 if adapter is None else float("nan")
+    return answers, kl_to_base(model, tokenizer, prompts, answers, config.temperature, config.batch_size)
 
 
 @cli.group(cls=TetherGroup)

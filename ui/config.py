@@ -12,7 +12,7 @@ from typing import Any
 
 from annotate.queue import QueueConfig
 from ui.auth import SignInLimits
-from train.config import DPOConfig, GenerationConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.
@@ -65,7 +65,7 @@ class ServerConfig:
                             lockout_seconds=self.lockout_seconds, max_lockout_seconds=self.max_lockout_seconds)
 
 
-OPTIMIZERS = ("ppo", "dpo")
+OPTIMIZERS = ("ppo", "dpo", "grpo")
 
 
 @dataclass
@@ -73,8 +73,9 @@ class RoundConfig:
     optimizer: str = field(
         default="ppo",
         metadata={"help": "How a round turns votes into the next policy: 'ppo' (a reward model trained on the votes, then "
-                          "PPO against it with a KL penalty to the starting model) or 'dpo' (DPO on the votes directly, with "
-                          "the starting model as its reference: no reward model and no sampling, so a round costs far less)."},
+                          "PPO against it with a KL penalty to the starting model), 'dpo' (DPO on the votes directly, with "
+                          "the starting model as its reference: no reward model and no sampling) or 'grpo' (a reward model, "
+                          "then GRPO: groups of responses per prompt, each group's mean reward the baseline, no value model)."},
     )
     held_back_share: float = field(
         default=0.25,
@@ -138,6 +139,7 @@ class TetherConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     round: RoundConfig = field(default_factory=RoundConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
@@ -146,6 +148,11 @@ class TetherConfig:
             raise ValueError(
                 f"[ppo] max_new_tokens ({self.ppo.max_new_tokens}) is longer than [generation] max_new_tokens "
                 f"({self.generation.max_new_tokens}): PPO would optimise text annotators never see"
+            )
+        if self.grpo.max_new_tokens is not None and self.grpo.max_new_tokens > self.generation.max_new_tokens:
+            raise ValueError(
+                f"[grpo] max_new_tokens ({self.grpo.max_new_tokens}) is longer than [generation] max_new_tokens "
+                f"({self.generation.max_new_tokens}): GRPO would optimise text annotators never see"
             )
 
     def ppo_response_tokens(self) -> int:

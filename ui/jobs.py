@@ -197,23 +197,45 @@ def submit_ppo(
 
     PPO trains on the active prompts that rounds do not hold back for comparing policies.
     """
+    ppo = project.config.ppo
+
+    def settings(version: int) -> dict[str, Any]:
+        # Offset by the version, so each round's PPO draws its own prompt batches and samples.
+        return {"ppo": dataclasses.asdict(ppo) | {"seed": ppo.seed + version, "max_new_tokens": project.config.ppo_response_tokens()},
+                "kl_budget": project.config.round.kl_budget}
+
+    return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id)
+
+
+def submit_grpo(
+    project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None, round_id: int | None = None
+) -> Job:
+    """Queue GRPO from a policy version against a reward model (the newest of each by default), on the prompts PPO uses."""
+    grpo = project.config.grpo
+
+    def settings(version: int) -> dict[str, Any]:
+        tokens = grpo.max_new_tokens or project.config.generation.max_new_tokens
+        return {"grpo": dataclasses.asdict(grpo) | {"seed": grpo.seed + version, "max_new_tokens": tokens}}
+
+    return _submit_on_prompts(project, run, "grpo", settings, reward_version, policy_version, round_id)
+
+
+def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable[[int], dict[str, Any]], reward_version: int | None,
+                       policy_version: int | None, round_id: int | None) -> Job:
+    """A policy job that samples the prompts rounds do not hold back and scores them with a reward model."""
     reward_model = run(get_reward_model, reward_version)
     policy = run(get_policy, policy_version)
     share = project.config.round.held_back_share
     prompts = [p for p in run(prompts_to_generate, policy.version, None) if not is_held_back(p, share)]
     config = {
         "model": dataclasses.asdict(project.config.model),
-        # Offset by the version, so each round's PPO draws its own prompt batches and samples.
-        "ppo": dataclasses.asdict(project.config.ppo) | {
-            "seed": project.config.ppo.seed + policy.version, "max_new_tokens": project.config.ppo_response_tokens(),
-        },
-        "kl_budget": project.config.round.kl_budget,
+        **settings(policy.version),
         "reward_version": reward_model.version,
         "reward_adapter_path": str(project.root / reward_model.adapter_path),
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    return _submit(project, run, "ppo", config, {"prompts": _prompt_table(prompts)}, round_id)
+    return _submit(project, run, kind, config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
 def submit_dpo(project: Project, run: Run, policy_version: int | None = None, round_id: int | None = None,
@@ -389,7 +411,7 @@ def run_job(
 
 
 def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
-    """Register a PPO or DPO job's policy adapter as the next policy version, with its per-step statistics."""
+    """Register a PPO, DPO or GRPO job's policy adapter as the next policy version, with its per-step statistics."""
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 
@@ -436,4 +458,5 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "score": ingest_scores,
     "ppo": ingest_policy,
     "dpo": ingest_policy,
+    "grpo": ingest_policy,
 }

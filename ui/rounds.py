@@ -30,19 +30,20 @@ from store.reward_models import RewardModel, get_reward_model, list_reward_model
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games, version_votes
 from ui.config import OPTIMIZERS
-from ui.jobs import Run, is_held_back, submit_dpo, submit_generation, submit_ppo, submit_reward_training
+from ui.jobs import Run, is_held_back, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training
 from ui.project import Project
 
-STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "generate": "completions"}
-POLICY_JOBS = ("ppo", "dpo")  # the jobs that train a round's new policy
+STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
+POLICY_JOBS = ("ppo", "dpo", "grpo")  # the jobs that train a round's new policy
+SUBMIT_AFTER_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo}
 
 
 def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None,
                 optimizer: str | None = None) -> Job:
     """Start a round from the newest policy with `optimizer` ([round] optimizer by default); return its first job.
 
-    A PPO round trains a reward model first unless given a version; a DPO round trains on the
-    votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
+    A PPO or GRPO round trains a reward model first unless given a version; a DPO round trains
+    on the votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
     """
     optimizer = optimizer or project.config.round.optimizer
     if optimizer not in OPTIMIZERS:
@@ -52,13 +53,13 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
             raise StoreError("a DPO round learns from the votes directly and uses no reward model: leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
     policy = run(get_policy, None)
-    round_ = run(add_round, policy.version, reward_version)
+    round_ = run(add_round, policy.version, reward_version, optimizer)
     try:
         if optimizer == "dpo":
             return submit_dpo(project, run, policy.version, round_.id, read)
         if reward_version is None:
             return submit_reward_training(project, run, round_id=round_.id, read=read)
-        return submit_ppo(project, run, reward_version, policy.version, round_.id)
+        return SUBMIT_AFTER_REWARD_MODEL[optimizer](project, run, reward_version, policy.version, round_.id)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
         raise
@@ -74,7 +75,7 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
         return None
     try:
         if job.kind == "reward_model":
-            return submit_ppo(project, run, round_.reward_version, round_.policy_from, round_.id)
+            return SUBMIT_AFTER_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
         if job.kind in POLICY_JOBS:
             missing = [p for p in _held_back(project, run, round_.policy_from) if p.completions < project.config.round.per_prompt]
             if missing:
@@ -105,13 +106,14 @@ def _held_back(project: Project, run: Run, policy_version: int) -> list[Prompt]:
 class RoundSummary:
     round: Round
     reward_accuracy: float | None  # held-out pairwise accuracy of the round's reward model
-    ppo: dict[str, Any]  # the PPO settings it ran with
-    ppo_job: int | None
-    kl: float | None  # KL to the starting model (v0) at PPO's last step
+    optimizer: str | None  # the kind of the job that trained the new policy: "ppo", "dpo" or "grpo"
+    settings: dict[str, Any]  # the settings that job ran with
+    policy_job: int | None
+    kl: float | None  # KL to the starting model (v0) at PPO's or GRPO's last step
     kl_to_parent: float | None  # KL to the version PPO started from, at its last step
-    ended: float | None  # share of PPO's responses that ended within the length budget, at its last step
+    ended: float | None  # share of PPO's or GRPO's responses that ended within the length budget, at the last step
     stopped_early: bool  # PPO stopped at a step over [round] kl_budget
-    score_gain: float | None  # reward-model score at PPO's last step minus at its first
+    score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
     pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
     win_rate: WinRate | None  # human votes on v+1 against v
@@ -135,15 +137,15 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 
 
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
-    ppo_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
+    policy_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
     kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = None
     stopped_early = False
-    if ppo_job is not None and ppo_job.status == "done":
-        last = run(job_metrics, ppo_job.id)
+    if policy_job is not None and policy_job.status == "done":
+        last = run(job_metrics, policy_job.id)
         margin, pair_accuracy = last.get("margin"), last.get("accuracy")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
-        scores = [v for _, v in run(metric_series, ppo_job.id, "score")]
+        scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
     win_rate = controlled = None
     if round_.policy_to is not None:
@@ -151,7 +153,8 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         controlled = length_controlled(votes, round_.policy_to, round_.policy_from)
     new_votes = _new_votes_metrics(round_.reward_version, reward_models)
     return RoundSummary(
-        round_, accuracy, ppo_job.config[ppo_job.kind] if ppo_job else {}, ppo_job.id if ppo_job else None, kl, kl_to_parent, ended,
+        round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
+        policy_job.id if policy_job else None, kl, kl_to_parent, ended,
         stopped_early, score_gain, margin, pair_accuracy,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
     )
@@ -321,7 +324,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "policy": f"v{round_.policy_from} → v{round_.policy_to}" if round_.policy_to is not None else f"v{round_.policy_from} →",
         "reward model": f"v{round_.reward_version}" if round_.reward_version is not None else "",
         "RM accuracy": _percent(summary.reward_accuracy),
-        "PPO": ", ".join(f"{k} {summary.ppo[k]}" for k in ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl") if k in summary.ppo),
+        "optimizer": _settings(summary),
         "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),
         "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}",
         "ended": _percent(summary.ended),
@@ -330,6 +333,21 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "votes": 0 if win is None else win.votes,
         "RM on new votes": "" if summary.new_votes_accuracy is None else f"{summary.new_votes_accuracy:.0%} of {summary.new_votes_pairs}",
     }
+
+
+# The settings the round history shows for each optimiser.
+SHOWN_SETTINGS = {
+    "ppo": ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl"),
+    "dpo": ("beta", "votes", "epochs", "batch_size", "learning_rate"),
+    "grpo": ("steps", "prompts_per_step", "group_size", "learning_rate", "beta"),
+}
+
+
+def _settings(summary: RoundSummary) -> str:
+    if summary.optimizer is None:
+        return ""
+    shown = ", ".join(f"{k} {summary.settings[k]}" for k in SHOWN_SETTINGS[summary.optimizer] if k in summary.settings)
+    return f"{summary.optimizer.upper()}: {shown}"
 
 
 def _percent(value: float | None) -> str:

@@ -1,0 +1,47 @@
+"""The policy adapter of a TRL-trained round (DPO, GRPO): made or continued, then saved as plain PEFT."""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from train.ppo import load_adapter_weights
+
+
+def policy_lora(policy_dir: Path | None, lora_r: int, lora_alpha: int):
+    """The LoraConfig of the policy a round starts from, or of a new adapter on v0 (its B is zero: it starts as the base)."""
+    from peft import LoraConfig
+
+    if policy_dir is None:
+        return LoraConfig(task_type="CAUSAL_LM", r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules="all-linear")
+    lora = LoraConfig.from_pretrained(str(policy_dir))
+    lora.inference_mode = False
+    return lora
+
+
+def continue_from(trainer, policy_dir: Path | None) -> None:
+    """Load the starting policy's LoRA weights into the trainer's new adapter; before train(), which makes the optimiser."""
+    if policy_dir is not None:
+        weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}
+        load_adapter_weights(trainer.model, weights, "default", policy_dir)
+
+
+def save_adapter(trainer, out_dir: Path, settings_file: str, settings: dict[str, Any]) -> None:
+    """The trained adapter as a directory PeftModel.from_pretrained loads, with the settings it trained with,
+    built beside out_dir and renamed into place."""
+    # Mixed precision wraps forward in autocast; the saved adapter must be the plain float32 one.
+    peft_model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        peft_model.save_pretrained(staging)  # the adapter named "default" lands in the folder itself
+        (staging / settings_file).write_text(json.dumps(settings, indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

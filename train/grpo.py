@@ -1,0 +1,140 @@
+"""GRPO on the policy's LoRA adapter with TRL's GRPOTrainer, scored by the project's reward model.
+
+GRPO (Shao et al. 2024, DeepSeekMath) samples a group of responses to each prompt and takes the
+group's mean reward as each response's baseline: no value model. The reward is the Bradley-Terry
+reward model's normalised score, less the missing-EOS and length penalties, as PPO scores its
+responses. The KL to the starting model (the base with every adapter off) stays in the loss.
+"""
+
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+
+from train import distributed
+from train.adapters import continue_from, policy_lora, save_adapter
+from train.config import GRPOConfig
+from train.errors import ModelError
+from train.models import uses_bf16
+from train.reward import RewardModel
+
+Messages = list[dict[str, str]]
+StepFn = Callable[[dict[str, Any]], None]
+
+# What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
+# stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
+# PPO's "kl" is per response.
+METRICS = {
+    "reward": "score",
+    "reward_std": "score_std",
+    "kl": "kl_per_token",
+    "completions/mean_length": "response_length",
+    "clip_ratio/region_mean": "clip_ratio",
+    "entropy": "entropy",
+}
+
+
+class _StepLog(TrainerCallback):
+    def __init__(self, on_step: StepFn | None, updates_per_step: int):
+        self.on_step, self.updates_per_step, self.steps = on_step, updates_per_step, []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:  # a step's log, not the run's summary
+            stats = {"step": state.global_step // self.updates_per_step, **{ours: float(logs[theirs]) for theirs, ours in METRICS.items()},
+                     "finished": 1 - float(logs["completions/clipped_ratio"])}
+            self.steps.append(stats)
+            if self.on_step is not None:
+                self.on_step({**stats, "total_steps": state.max_steps // self.updates_per_step})
+
+
+def penalised_scores(reward: RewardModel, config: GRPOConfig, eos_token_id: int) -> Callable[..., list[float]]:
+    """The reward function GRPOTrainer calls: the reward model's normalised score of each response, less
+    missing_eos_penalty where it did not end and length_penalty per token, as PPO scores."""
+
+    def scores(prompts: list[Messages], completions: list[Messages], completion_ids: list[list[int]], **kwargs) -> list[float]:
+        texts = [completion[-1]["content"] for completion in completions]
+        normalised = reward.score(prompts, texts)
+        return [
+            score - config.missing_eos_penalty * (eos_token_id not in ids) - config.length_penalty * len(ids)
+            for score, ids in zip(normalised, completion_ids)
+        ]
+
+    scores.__name__ = "reward_model"  # TRL logs each reward function under its name
+    return scores
+
+
+def train_grpo(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Messages],
+    reward: RewardModel,
+    config: GRPOConfig,
+    out_dir: Path,
+    policy_dir: Path | None = None,
+    on_step: StepFn | None = None,
+    on_cpu: bool = False,
+) -> dict[str, Any]:
+    """Train the policy adapter on groups of responses to `prompts`, scored by `reward`; save it to out_dir
+    as a plain PEFT adapter. Returns each step's metrics.
+
+    model is the base causal LM, without adapters (train.models.load_model gives it); reward is a
+    reward model loaded beside it (train.reward.load_reward_model).
+    """
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOTrainer
+
+    processes = distributed.world_size()
+    group_batch = config.prompts_per_step * config.group_size
+    if group_batch % (processes * config.minibatches):
+        raise ModelError(f"[grpo] prompts_per_step * group_size = {group_batch} responses do not split into {config.minibatches} "
+                         f"minibatches on each of {processes} processes")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"{out_dir} already exists and is not empty")
+    if not prompts:
+        raise ModelError("no prompts to train on")
+    if config.max_new_tokens is None:  # the job resolves it from [generation]
+        raise ModelError("[grpo] max_new_tokens must be set to train")
+    lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
+    torch.manual_seed(config.seed)
+    updates_per_step = config.minibatches * config.epochs
+    log = _StepLog(on_step, updates_per_step)
+    with tempfile.TemporaryDirectory(prefix="tether-grpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
+        args = TRLGRPOConfig(
+            output_dir=scratch,
+            beta=config.beta,
+            num_generations=config.group_size,
+            per_device_train_batch_size=group_batch // config.minibatches // processes,
+            steps_per_generation=config.minibatches,  # a step's groups, sampled once, are cut into minibatches
+            num_iterations=config.epochs,
+            max_steps=config.steps * updates_per_step,
+            learning_rate=config.learning_rate,
+            lr_scheduler_type="constant",
+            epsilon=config.clip_range,
+            scale_rewards=config.scale_rewards,
+            temperature=config.temperature,
+            top_p=1.0,
+            max_completion_length=config.max_new_tokens,
+            seed=config.seed,
+            logging_steps=updates_per_step,  # one log per step: its groups' rewards, its updates' KL and clipping
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            gradient_checkpointing=False,
+            bf16=uses_bf16(config.precision),
+            use_cpu=on_cpu,
+        )
+        # Prompts repeat across steps when a round has fewer than it needs, each pass in a new order.
+        dataset = Dataset.from_list([{"prompt": p} for p in prompts])
+        trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+                              reward_funcs=penalised_scores(reward, config, tokenizer.eos_token_id), callbacks=[log])
+        trainer.remove_callback(PrinterCallback)
+        continue_from(trainer, policy_dir)
+        trainer.train()
+    if distributed.is_main():
+        save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))
+    return {"steps": log.steps}
