@@ -128,8 +128,11 @@ def train_grpo(
             bf16=uses_bf16(config.precision),
             use_cpu=on_cpu,
         )
-        # Prompts repeat across steps when a round has fewer than it needs, each pass in a new order.
-        dataset = Dataset.from_list([{"prompt": p} for p in prompts])
+        # TRL draws a step's prompts from the dataset without repeats and passes over it again for
+        # later steps, each time in a new order; with fewer prompts than a step takes, it would draw
+        # none. Those are repeated then, and a step may answer a prompt in two groups.
+        copies = -(-config.prompts_per_step // len(prompts))
+        dataset = Dataset.from_list([{"prompt": p} for p in prompts * copies])
         trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               reward_funcs=penalised_scores(reward, config, tokenizer.eos_token_id), callbacks=[log])
         trainer.remove_callback(PrinterCallback)
