@@ -53,6 +53,11 @@ def test_config_round_trips_every_setting(tmp_path):
     ("[generation]\nseed = 1.5\n", "[generation] seed must be a whole number, got 1.5"),
     ("[generation]\ntop_p = 1.5\n", "[generation] top_p must be in (0, 1]"),
     ("[model]\ndtype = 'int3'\n", "[model] dtype must be one of"),
+    ("[grpo]\ngroup_size = 1\n", "group_size must be at least 2"),
+    ("[grpo]\nprompts_per_step = 3\nminibatches = 2\ngroup_size = 3\n", "must be a multiple of minibatches (2)"),
+    ("[grpo]\nscale_rewards = 'group_mean'\n", "scale_rewards must be 'batch', 'group' or 'none'"),
+    ("[dpo]\nvotes = 'newest'\n", "votes must be 'all' or 'latest'"),
+    ("[round]\noptimizer = 'sgd'\n", "optimizer must be one of"),
     ("[modle]\n", "unknown section [modle]"),
     ("[model\n", "cannot read it"),
 ])
@@ -100,6 +105,8 @@ def test_init_says_which_settings_it_chose_for_the_hardware(tmp_path):
     assert load_project(small.root).config.reward_model.gradient_checkpointing  # 22 GB: memory before speed
     assert not load_project(large.root).config.reward_model.gradient_checkpointing
     assert load_project(large.root).config.ppo.batch_size > load_project(small.root).config.ppo.batch_size
+    large_grpo, small_grpo = load_project(large.root).config.grpo, load_project(small.root).config.grpo
+    assert large_grpo.prompts_per_step > small_grpo.prompts_per_step > cpu.config.grpo.prompts_per_step
     shown = run_tether("init", str(tmp_path / "cli"))
     assert shown.returncode == 0 and "profile for" in shown.stdout, shown.stderr
 
@@ -115,4 +122,7 @@ def test_ppo_optimises_the_length_annotators_see_unless_told_otherwise(tmp_path)
     assert "PPO samples at most 32 tokens" in shorter.length_warning() and "up to 64" in shorter.length_warning()
     path.write_text("[generation]\nmax_new_tokens = 64\n[ppo]\nmax_new_tokens = 96\n")
     with pytest.raises(ConfigError, match=r"tether.toml: \[ppo\] max_new_tokens \(96\) is longer than \[generation\] max_new_tokens \(64\)"):
+        load_config(path)
+    path.write_text("[generation]\nmax_new_tokens = 64\n[grpo]\nmax_new_tokens = 96\n")
+    with pytest.raises(ConfigError, match=r"tether.toml: \[grpo\] max_new_tokens \(96\) is longer than \[generation\] max_new_tokens \(64\)"):
         load_config(path)

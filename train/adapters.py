@@ -4,11 +4,30 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from train.ppo import load_adapter_weights
+
+
+class StepLog(TrainerCallback):
+    """Each step's statistics from a TRL trainer's logs, under Tether's names ({theirs: ours}), kept
+    and passed to on_step as they come. A step may span several optimiser updates (logging_steps)."""
+
+    def __init__(self, on_step: Callable[[dict[str, Any]], None] | None, names: dict[str, str], updates_per_step: int = 1):
+        self.on_step, self.names, self.updates_per_step, self.steps = on_step, names, updates_per_step, []
+
+    def stats(self, logs: dict[str, float]) -> dict[str, float]:
+        return {ours: float(logs[theirs]) for theirs, ours in self.names.items()}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and self.names.keys() <= logs.keys():  # a step's log, not the run's summary
+            stats = {"step": state.global_step // self.updates_per_step, **self.stats(logs)}
+            self.steps.append(stats)
+            if self.on_step is not None:
+                self.on_step({**stats, "total_steps": state.max_steps // self.updates_per_step})
 
 
 def policy_lora(policy_dir: Path | None, lora_r: int, lora_alpha: int):

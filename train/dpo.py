@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
-from train.adapters import continue_from, policy_lora, save_adapter
+from train.adapters import StepLog, continue_from, policy_lora, save_adapter
 from train.config import DPOConfig
 from train.errors import ModelError
 from train.models import uses_bf16
@@ -33,18 +33,6 @@ METRICS = {
     "rewards/margins": "margin",
     "rewards/accuracies": "accuracy",
 }
-
-
-class _StepLog(TrainerCallback):
-    def __init__(self, on_step: StepFn | None):
-        self.on_step, self.steps = on_step, []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "rewards/chosen" in logs:  # a step's log, not the run's summary
-            stats = {"step": state.global_step, **{ours: float(logs[theirs]) for theirs, ours in METRICS.items()}}
-            self.steps.append(stats)
-            if self.on_step is not None:
-                self.on_step({**stats, "total_steps": state.max_steps})
 
 
 def encode_pair(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any]) -> dict[str, list[int]]:
@@ -102,7 +90,7 @@ def train_dpo(
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     dataset = Dataset.from_list(kept)
-    log = _StepLog(on_step)
+    log = StepLog(on_step, METRICS)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLDPOConfig(
             output_dir=scratch,

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
-from train.adapters import continue_from, policy_lora, save_adapter
+from train.adapters import StepLog, continue_from, policy_lora, save_adapter
 from train.config import GRPOConfig
 from train.errors import ModelError
 from train.models import uses_bf16
@@ -37,17 +37,9 @@ METRICS = {
 }
 
 
-class _StepLog(TrainerCallback):
-    def __init__(self, on_step: StepFn | None, updates_per_step: int):
-        self.on_step, self.updates_per_step, self.steps = on_step, updates_per_step, []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:  # a step's log, not the run's summary
-            stats = {"step": state.global_step // self.updates_per_step, **{ours: float(logs[theirs]) for theirs, ours in METRICS.items()},
-                     "finished": 1 - float(logs["completions/clipped_ratio"])}
-            self.steps.append(stats)
-            if self.on_step is not None:
-                self.on_step({**stats, "total_steps": state.max_steps // self.updates_per_step})
+class _StepLog(StepLog):
+    def stats(self, logs: dict[str, float]) -> dict[str, float]:
+        return super().stats(logs) | {"finished": 1 - float(logs["completions/clipped_ratio"])}
 
 
 def penalised_scores(reward: RewardModel, config: GRPOConfig, eos_token_id: int) -> Callable[..., list[float]]:
@@ -102,7 +94,7 @@ def train_grpo(
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     updates_per_step = config.minibatches * config.epochs
-    log = _StepLog(on_step, updates_per_step)
+    log = _StepLog(on_step, METRICS, updates_per_step)
     with tempfile.TemporaryDirectory(prefix="tether-grpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLGRPOConfig(
             output_dir=scratch,

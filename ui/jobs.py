@@ -113,13 +113,7 @@ def submit_reward_training(
     rows = (read or run)(preference_rows, reward.include_imported)
     if not rows:
         raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
-    finished = (read or run)(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
-    snapshot = pa.Table.from_pylist([
-        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
-         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
-         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
-        for r in rows
-    ])
+    snapshot = _preference_table(rows, read or run)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
@@ -238,6 +232,17 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
     return _submit(project, run, kind, config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
+def _preference_table(rows: list[dict[str, Any]], read: Run) -> pa.Table:
+    """The frozen comparisons a job trains on, with whether each completion ended or was cut at the length limit."""
+    finished = read(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
+    return pa.Table.from_pylist([
+        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
+         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
+         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
+        for r in rows
+    ])
+
+
 def submit_dpo(project: Project, run: Run, policy_version: int | None = None, round_id: int | None = None,
                read: Run | None = None) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes.
@@ -258,13 +263,7 @@ def submit_dpo(project: Project, run: Run, policy_version: int | None = None, ro
     if not rows:
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
-    finished = (read or run)(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
-    snapshot = pa.Table.from_pylist([
-        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
-         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
-         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
-        for r in rows
-    ])
+    snapshot = _preference_table(rows, read or run)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order
