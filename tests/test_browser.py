@@ -398,6 +398,9 @@ def test_the_operator_views_show_their_data_on_opening_and_the_round_table_fits(
             assert box is not None and box["x"] + box["width"] <= 1400, (header, box)
         chosen = page.get_by_label("Reward model for the round")
         expect(chosen).to_have_value("a new one, trained on every vote so far")
+        expect(page.get_by_role("radio", name="PPO", exact=True)).to_be_checked()  # [round] optimizer
+        for other in ("DPO", "GRPO"):
+            expect(page.get_by_role("radio", name=other, exact=True)).not_to_be_checked()
         page.context.close()
         assert dialogs == []
     finally:

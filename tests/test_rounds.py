@@ -41,7 +41,7 @@ def test_repeated_trigram_share_counts_loops_within_a_response():
     assert repeated_trigram_share([(3, "a b c"), (3, "a b c")]) == 0.0  # the same phrase in two responses is no loop
 
 
-def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs(tiny_project):
+def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs(tiny_project, tiny_model_dir):
     short_training(tiny_project)
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     nothing = run_tether("round", "--project", str(tiny_project))
@@ -51,7 +51,8 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
 
     done = run_tether("round", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("round 2: policy v1 from v0, reward model v1")  # round 1 failed above, and is kept
+    assert done.stdout.startswith("round 2: policy v1 from v0; reward model v1")  # round 1 failed above, and is kept
+    assert "PPO 1 steps, KL to v0" in done.stdout
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT id, status, policy_from, reward_version, policy_to, error FROM rounds ORDER BY id").fetchall()
@@ -77,7 +78,19 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
         assert prompt == a_prompt == b_prompt and (a_version, b_version) == (1, 0)
 
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
-    assert "v0 → v1" in history and "failed" in history
+    assert "v0 → v1" in history and "failed" in history and "PPO: steps 1, batch_size 4" in history
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
+        metrics = {name for (name,) in con.execute("SELECT DISTINCT name FROM metrics WHERE job_id = ?", [ppo_dir]).fetchall()}
+    assert {"score", "kl", "kl_to_start", "finished", "entropy", "response_length"} <= metrics
+    from peft import PeftModel
+
+    from train.config import ModelConfig
+    from train.models import load_model
+
+    base, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu"))
+    model = PeftModel.from_pretrained(base, str(tiny_project / adapter))  # plain PEFT, no Tether code
+    assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
 
 
 def vote_every_pair(project: Path, annotator: str = "tester") -> int:
