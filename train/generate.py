@@ -116,7 +116,9 @@ def kl_to_base(model, tokenizer: PreTrainedTokenizerBase, prompts: list[Messages
     log pi(y | x) - log pi_0(y | x), both at the sampling temperature (top-p and top-k aside).
 
     `model` is a PeftModel: its adapters off give the base. Every optimiser's policy is measured
-    alike, on prompts none of them trained on, whatever KL its training reported.
+    alike, on prompts none of them trained on, whatever KL its training reported. It is an
+    estimate: the answers are encoded again from their text, and sampled with top-p, so on few
+    answers, or on a model whose samples encode back to other tokens, it can come out below 0.
     """
     end = tokenizer.eos_token_id
 
