@@ -4,19 +4,20 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from train.ppo import load_adapter_weights
+from train.models import uses_bf16
+from train.ppo import StepFn, load_adapter_weights
 
 
 class StepLog(TrainerCallback):
     """Each step's statistics from a TRL trainer's logs, under Tether's names ({theirs: ours}), kept
     and passed to on_step as they come. A step may span several optimiser updates (logging_steps)."""
 
-    def __init__(self, on_step: Callable[[dict[str, Any]], None] | None, names: dict[str, str], updates_per_step: int = 1):
+    def __init__(self, on_step: StepFn | None, names: dict[str, str], updates_per_step: int = 1):
         self.on_step, self.names, self.updates_per_step, self.steps = on_step, names, updates_per_step, []
 
     def stats(self, logs: dict[str, float]) -> dict[str, float]:
@@ -41,11 +42,23 @@ def policy_lora(policy_dir: Path | None, lora_r: int, lora_alpha: int):
     return lora
 
 
-def continue_from(trainer, policy_dir: Path | None) -> None:
-    """Load the starting policy's LoRA weights into the trainer's new adapter; before train(), which makes the optimiser."""
+def trainer_settings(scratch: str, seed: int, precision: str, on_cpu: bool) -> dict[str, Any]:
+    """The TRL config fields every round's trainer shares: a scratch output_dir, nothing saved or reported,
+    no progress bar (StepLog reports each step), and bf16 autocast where precision asks for it."""
+    return {"output_dir": scratch, "seed": seed, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+            "gradient_checkpointing": False, "bf16": uses_bf16(precision), "use_cpu": on_cpu}
+
+
+def train_from(trainer, policy_dir: Path | None) -> None:
+    """Train the trainer's new adapter, first loading the starting policy's LoRA weights into it when there is
+    one (before train(), which makes the optimiser). TRL's printed logs are off: StepLog reports each step."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
     if policy_dir is not None:
         weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}
         load_adapter_weights(trainer.model, weights, "default", policy_dir)
+    trainer.train()
 
 
 def save_adapter(trainer, out_dir: Path, settings_file: str, settings: dict[str, Any]) -> None:

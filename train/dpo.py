@@ -9,19 +9,15 @@ the starting model, as PPO's KL penalty is.
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
-from train.adapters import StepLog, continue_from, policy_lora, save_adapter
+from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import DPOConfig
 from train.errors import ModelError
-from train.models import uses_bf16
-
-Messages = list[dict[str, str]]
-StepFn = Callable[[dict[str, Any]], None]
 
 # What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
 # beta * log(pi / pi_ref) of the chosen and rejected responses, their margin, and the share of
@@ -69,7 +65,6 @@ def train_dpo(
     model is the base causal LM, without adapters (train.models.load_model gives it).
     """
     from datasets import Dataset
-    from transformers.trainer_callback import PrinterCallback
     from trl import DPOConfig as TRLDPOConfig
     from trl import DPOTrainer
 
@@ -93,29 +88,20 @@ def train_dpo(
     log = StepLog(on_step, METRICS)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLDPOConfig(
-            output_dir=scratch,
+            **trainer_settings(scratch, config.seed, config.precision, on_cpu),
             beta=config.beta,
             num_train_epochs=config.epochs,
             per_device_train_batch_size=config.batch_size // processes,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
             max_length=None,  # the pairs that do not fit were left out above: TRL would cut their responses' ends
-            seed=config.seed,
             logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            gradient_checkpointing=False,
-            bf16=uses_bf16(config.precision),
-            use_cpu=on_cpu,
         )
         # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the
         # base with adapters off as the reference.
         trainer = _PairsAsSampled(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               callbacks=[log])
-        trainer.remove_callback(PrinterCallback)
-        continue_from(trainer, policy_dir)
-        trainer.train()
+        train_from(trainer, policy_dir)
     distributed.report_share(len(kept), "preference pairs")
     if distributed.is_main():
         save_adapter(trainer, out_dir, "dpo_config.json", asdict(config))

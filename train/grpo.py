@@ -15,14 +15,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
-from train.adapters import StepLog, continue_from, policy_lora, save_adapter
+from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import GRPOConfig
 from train.errors import ModelError
-from train.models import uses_bf16
 from train.reward import RewardModel
 
 Messages = list[dict[str, str]]
-StepFn = Callable[[dict[str, Any]], None]
 
 # What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
 # stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
@@ -76,7 +74,6 @@ def train_grpo(
     reward model loaded beside it (train.reward.load_reward_model).
     """
     from datasets import Dataset
-    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig as TRLGRPOConfig
     from trl import GRPOTrainer
 
@@ -97,7 +94,7 @@ def train_grpo(
     log = _StepLog(on_step, METRICS, updates_per_step)
     with tempfile.TemporaryDirectory(prefix="tether-grpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLGRPOConfig(
-            output_dir=scratch,
+            **trainer_settings(scratch, config.seed, config.precision, on_cpu),
             beta=config.beta,
             num_generations=config.group_size,
             per_device_train_batch_size=group_batch // config.minibatches // processes,
@@ -111,14 +108,7 @@ def train_grpo(
             temperature=config.temperature,
             top_p=1.0,
             max_completion_length=config.max_new_tokens,
-            seed=config.seed,
             logging_steps=updates_per_step,  # one log per step: its groups' rewards, its updates' KL and clipping
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            gradient_checkpointing=False,
-            bf16=uses_bf16(config.precision),
-            use_cpu=on_cpu,
         )
         # TRL draws a step's prompts from the dataset without repeats and passes over it again for
         # later steps, each time in a new order; with fewer prompts than a step takes, it would draw
@@ -127,9 +117,7 @@ def train_grpo(
         dataset = Dataset.from_list([{"prompt": p} for p in prompts * copies])
         trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               reward_funcs=penalised_scores(reward, config, tokenizer.eos_token_id), callbacks=[log])
-        trainer.remove_callback(PrinterCallback)
-        continue_from(trainer, policy_dir)
-        trainer.train()
+        train_from(trainer, policy_dir)
     if distributed.is_main():
         save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))
     return {"steps": log.steps}
