@@ -93,7 +93,8 @@ class RoundConfig:
         default=20.0,
         metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
                           "KL adds up round after round, since every round is tethered to the starting model. PPO stops "
-                          "at the first step whose responses are further than this, and the round says so. 0: no budget."},
+                          "at the first step whose responses are further than this, and the round says so; DPO and GRPO "
+                          "are held only by their beta. 0: no budget."},
     )
 
     def __post_init__(self):
