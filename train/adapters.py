@@ -8,6 +8,7 @@ from typing import Any
 
 from safetensors.torch import load_file
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 
 from train.models import uses_bf16
 from train.ppo import StepFn, load_adapter_weights
@@ -52,8 +53,6 @@ def trainer_settings(scratch: str, seed: int, precision: str, on_cpu: bool) -> d
 def train_from(trainer, policy_dir: Path | None) -> None:
     """Train the trainer's new adapter, first loading the starting policy's LoRA weights into it when there is
     one (before train(), which makes the optimiser). TRL's printed logs are off: StepLog reports each step."""
-    from transformers.trainer_callback import PrinterCallback
-
     trainer.remove_callback(PrinterCallback)
     if policy_dir is not None:
         weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}

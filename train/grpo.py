@@ -18,9 +18,8 @@ from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import GRPOConfig
 from train.errors import ModelError
+from train.generate import Messages
 from train.reward import RewardModel
-
-Messages = list[dict[str, str]]
 
 # What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
 # stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
