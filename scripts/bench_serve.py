@@ -56,8 +56,8 @@ from store.prompts import add_prompts
 from store.queue import serve
 from store.users import add_user
 from store.votes import record_vote
-from ui.auth import hash_password
-from ui.project import DATABASE_FILE, init_project
+from ui.owner.auth import hash_password
+from ui.owner.project import DATABASE_FILE, init_project
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "password-123"

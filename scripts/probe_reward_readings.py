@@ -29,7 +29,7 @@ from train.config import Hardware, ModelConfig  # noqa: E402
 from train.generate import generate  # noqa: E402
 from train.models import load_model  # noqa: E402
 from train.reward import encode  # noqa: E402
-from ui.config import settings_for  # noqa: E402
+from ui.owner.config import settings_for  # noqa: E402
 
 
 @torch.inference_mode()

@@ -42,8 +42,8 @@ from store.db import utcnow
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.users import add_user
-from ui.auth import hash_password
-from ui.project import Project, ProjectError, init_project
+from ui.owner.auth import hash_password
+from ui.owner.project import Project, ProjectError, init_project
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "password-123"

@@ -1,4 +1,4 @@
-"""Accounts: a name, a role, a password hash (hashing itself is ui.auth's), and the log of every change."""
+"""Accounts: a name, a role, a password hash (hashing itself is ui.owner.auth's), and the log of every change."""
 
 import re
 from dataclasses import dataclass

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ui.project import init_project
+from ui.owner.project import init_project
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_PROMPTS = REPO / "scripts" / "demo_prompts.jsonl"

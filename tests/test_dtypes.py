@@ -13,7 +13,7 @@ from train.config import ModelConfig
 from train.reward import load_reward_model
 from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, train_tokenizer
 from tests.test_reward_jobs import toy_preferences
-from ui.project import init_project
+from ui.owner.project import init_project
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

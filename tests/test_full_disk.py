@@ -13,7 +13,7 @@ from gradio_client import Client
 
 from store import open_database
 from tests.conftest import RunningServer, add_pairs, add_users
-from ui.project import init_project
+from ui.owner.project import init_project
 
 PASSWORD = "password-123"
 

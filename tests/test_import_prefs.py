@@ -12,7 +12,7 @@ from store.preferences import import_preference_file
 from store.prompt_files import MAX_PROMPT_CHARS
 from store.prompts import import_prompt_file
 from tests.conftest import SHARED_DATA, run_tether
-from ui.project import load_project
+from ui.owner.project import load_project
 
 HH = SHARED_DATA / "hh-rlhf-harmless-1800.jsonl.gz"
 

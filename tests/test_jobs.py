@@ -13,7 +13,7 @@ from gradio_client import Client
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, worker_pids
 from train.jobdir import JobDirError, read_job, write_job
-from ui.jobs import WORKER_NICENESS
+from ui.owner.jobs import WORKER_NICENESS
 
 PASSWORD = "password-123"
 

@@ -18,8 +18,8 @@ from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
 from tests.test_rounds import short_training, vote_every_pair
-from ui.app import CURVES
-from ui.rounds import round_history, round_warnings
+from ui.web.app import CURVES
+from ui.owner.rounds import round_history, round_warnings
 
 PASSWORD = "password-123"
 
@@ -157,7 +157,7 @@ def test_the_scheduler_starts_a_round_after_n_new_comparisons(tiny_project):
 
 
 def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_drift_in_length_and_repetition(tmp_path):
-    from ui.project import init_project
+    from ui.owner.project import init_project
 
     project = init_project(tmp_path / "project")
     with closing(project.connect()) as con:

@@ -17,8 +17,8 @@ from store import open_database
 from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings
 from tests.test_reward_jobs import toy_preferences
 from train.jobdir import read_events
-from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
-from ui.project import load_project
+from ui.owner.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
+from ui.owner.project import load_project
 
 # The held-out Bradley-Terry loss of the two-process reward model against the one-process one,
 # same global batch and seed. The two see each step's pairs in another grouping (the length

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from train.config import GenerationConfig, Hardware
-from ui.config import ConfigError, TetherConfig, load_config, write_config
-from ui.project import ProjectError, init_project, load_project
+from ui.owner.config import ConfigError, TetherConfig, load_config, write_config
+from ui.owner.project import ProjectError, init_project, load_project
 from tests.conftest import run_tether
 
 

@@ -18,10 +18,10 @@ from store import open_database
 from store.jobs import get_job
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
 from tests.test_reward_jobs import toy_preferences
-from ui.app import Server
-from ui.jobs import job_dir, submit_reward_training
-from ui.project import load_project
-from ui.recovery import INTENT_FILE, KILL_AT_ENV
+from ui.web.app import Server
+from ui.owner.jobs import job_dir, submit_reward_training
+from ui.owner.project import load_project
+from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV
 
 INGEST_STEPS = ["after_intent", "after_rename", "before_commit", "after_commit"]
 

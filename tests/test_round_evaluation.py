@@ -17,8 +17,8 @@ from store.prompts import add_prompts
 from store.reward_models import add_reward_model
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import run_tether
-from ui.project import Project, init_project
-from ui.rounds import describe, roll_back, round_history, round_summary, round_warnings, start_round
+from ui.owner.project import Project, init_project
+from ui.owner.rounds import describe, roll_back, round_history, round_summary, round_warnings, start_round
 
 NEW, OLD, TIE = "new", "old", "tie"
 

@@ -11,8 +11,8 @@ from store import open_database
 from store.prompt_files import read_prompt_file
 from store.prompts import Prompt
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
-from ui.jobs import is_held_back
-from ui.rounds import repeated_trigram_share
+from ui.owner.jobs import is_held_back
+from ui.owner.rounds import repeated_trigram_share
 
 
 def short_training(project: Path) -> None:

@@ -12,8 +12,8 @@ import pytest
 from gradio_client import Client
 
 from tests.conftest import add_pairs, add_users, free_port, set_settings
-from ui.app import Server, launch
-from ui.project import load_project
+from ui.web.app import Server, launch
+from ui.owner.project import load_project
 
 PASSWORD = "password-123"
 

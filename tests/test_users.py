@@ -11,7 +11,7 @@ from store import open_database
 from store.db import utcnow
 from store.users import account_events, add_user, get_user
 from tests.conftest import RunningServer, run_tether, set_settings
-from ui.auth import SignInGuard, SignInLimits, hash_password, is_outdated, verify_password
+from ui.owner.auth import SignInGuard, SignInLimits, hash_password, is_outdated, verify_password
 
 
 def test_users_add_reads_the_password_from_stdin_or_a_file_and_stores_a_salted_hash(tiny_project, tmp_path):

@@ -1,12 +1,6 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
-import dataclasses
-import json
-import math
-import random
 import sys
-import time
-from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
@@ -15,29 +9,25 @@ from tqdm import tqdm
 
 from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
-from annotate.simulate import Messages, Votes, cast_votes, judge_against
 from store import StoreError
 from store.preferences import import_preference_file
-from store.prompts import import_prompt_file, prompts_to_generate
-from store.jobs import Job, job_metrics, metric_series
+from store.prompts import import_prompt_file
+from store.jobs import job_metrics
 from store.prompt_files import read_prompt_file
-from store.rounds import Round, get_round
-from store.policies import Policy, get_policy
+from store.policies import get_policy
 from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
 from store.users import ROLES, check_new_user
 from store.status import project_counts
 from train.errors import ModelError
-from ui.auth import WeakPassword, hash_new_password
-from ui.backup import restore
-from ui.control import command_line_actor, run_action
-from ui.config import OPTIMIZERS, ConfigError
-from ui.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, submit_scoring
-from ui.project import Project, ProjectError, init_project, load_project
-from ui.recovery import reconcile
-from ui.rounds import (
-    STAGES, RoundSummary, advance_round, describe, ratings, roll_back, round_history, round_summary, round_warnings, start_round,
-)
+from ui.owner.auth import WeakPassword, hash_new_password
+from ui.owner.backup import restore
+from ui.owner.control import command_line_actor, run_action
+from ui.owner.config import OPTIMIZERS, ConfigError
+from ui.owner.jobs import run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
+from ui.owner.project import Project, ProjectError, init_project, load_project
+from ui.owner.rounds import roll_back, round_report, round_summary, run_round
+from ui.owner.simulate import Simulation, simulate as simulate_rounds, training_summary
 
 
 class TetherGroup(click.Group):
@@ -143,28 +133,12 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
     """
     project = load_project(project_dir)
     job = submit_generation(project, project.run, limit, per_prompt, policy_version)
-    job = run_with_progress(project, job, "generating")
+    job = run_to_end(project, job, "generating")
     metrics = project.run(job_metrics, job.id)
     click.echo(
         f"stored {metrics['completions']:.0f} completions from policy v{job.config['policy_version']} "
         f"for {metrics['prompts']:.0f} prompts, and {metrics['pairs']:.0f} new pairs"
     )
-
-
-def run_with_bar(project: Project, job: Job, label: str) -> Job:
-    """Run a job's worker here, with a progress bar, after setting right what a process that died left."""
-    for line in project.run(reconcile, project):
-        click.echo(line, err=True)
-    with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
-        return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
-
-
-def run_with_progress(project: Project, job: Job, label: str) -> Job:
-    """Run a job's worker here, with a progress bar; a failed job becomes a one-line error and its log."""
-    job = run_with_bar(project, job, label)
-    if job.status != "done":
-        raise click.ClickException(f"job {job.id} {job.status}: {job.error}")
-    return job
 
 
 @cli.command()
@@ -184,7 +158,7 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
     project = load_project(project_dir)
     warn_about_length(project)
     job = submit_ppo(project, project.run, reward_version, policy_version)
-    job = run_with_progress(project, job, "PPO")
+    job = run_to_end(project, job, "PPO")
     last = project.run(job_metrics, job.id)
     click.echo(
         f"policy v{project.run(get_policy, None).version} from v{job.config['policy_version']} against reward model "
@@ -212,27 +186,11 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
         tether round --optimizer dpo --project demo
     """
     project = load_project(project_dir)
-    round_ = run_round(project, reward_version, optimizer=optimizer)
-    summary = round_summary(project.run, round_.id)
-    click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}; {_training(project, summary)}; "
-               f"new-against-old pairs are queued for annotators")
-
-
-def run_round(project: Project, reward_version: int | None, seconds: Counter | None = None, optimizer: str | None = None) -> Round:
-    """Run a round's jobs here, one after another, each with a progress bar; add each stage's wall time to `seconds`."""
     warn_about_length(project)
-    job = start_round(project, project.run, reward_version, optimizer=optimizer)
-    round_id = job.round
-    while job is not None:
-        began = time.monotonic()
-        done = run_with_bar(project, job, STAGES[job.kind])
-        if seconds is not None:
-            seconds[STAGES[done.kind]] += time.monotonic() - began
-        job = advance_round(project, project.run, done)
-    round_ = project.run(get_round, round_id)
-    if round_.status != "done":
-        raise click.ClickException(f"round {round_id} {round_.status}: {round_.error}")
-    return round_
+    round_ = run_round(project, reward_version, optimizer)
+    summary = round_summary(project.run, round_.id)
+    click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}; {training_summary(project, summary)}; "
+               f"new-against-old pairs are queued for annotators")
 
 
 def warn_about_length(project: Project) -> None:
@@ -252,25 +210,8 @@ def rounds(project_dir: Path):
     Example:
         tether rounds --project demo
     """
-    project = load_project(project_dir)
-    if not round_history(project.run):
-        click.echo("no rounds yet: start one with `tether round`")
-        return
-    show_rounds(project)
-
-
-def show_rounds(project: Project) -> None:
-    """The round history as a table, the ratings and the warnings."""
-    history = round_history(project.run)
-    rows = [describe(s) for s in history]
-    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
-    click.echo("  ".join(k.ljust(w) for k, w in widths.items()))
-    for row in rows:
-        click.echo("  ".join(str(row[k]).ljust(w) for k, w in widths.items()))
-    if scores := ratings(project.run):
-        click.echo("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
-    for warning in round_warnings(project.run, history):
-        click.echo(f"warning: {warning}")
+    for line in round_report(load_project(project_dir).run):
+        click.echo(line)
 
 
 @cli.command()
@@ -324,126 +265,11 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
         tether simulate --judge concise --rounds 3 --eval-prompts eval.jsonl --project demo
     """
     project = load_project(project_dir)
-    judge = load_judge(judge_spec)
+    warn_about_length(project)
     prompts = [p.messages for p in read_prompt_file(eval_prompts)]
-    rng = random.Random(seed)
-    names = [f"simulated-{i}" for i in range(1, annotators + 1)]
-    start = project.run(get_policy, None)
-    click.echo(f"sampling {eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    baseline, _ = _sample_answers(project, start, prompts, eval_samples, seed)
-    click.echo(f"round 0: policy v{start.version}, judge mean score {judge_against(judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, "
-               f"{_ended(baseline)} of its answers ended")
-    previous = baseline
-    for number in range(1, round_count + 1):
-        seconds: Counter = Counter()
-        began = time.monotonic()
-        votes = _cast(project, judge, noise, names, labels_per_round, rng, seconds)
-        round_ = run_round(project, None, seconds, optimizer)
-        evaluated = time.monotonic()
-        answers, kl = _sample_answers(project, project.run(get_policy, round_.policy_to), prompts, eval_samples, seed)
-        seconds["evaluation"] += time.monotonic() - evaluated
-        summary = round_summary(project.run, round_.id)
-        over_start = judge_against(judge, prompts, _texts(answers), _texts(baseline))
-        over_parent = judge_against(judge, prompts, _texts(answers), _texts(previous))
-        click.echo(
-            f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
-            f"{_training(project, summary)}; policy v{round_.policy_to}: judge win rate over v{start.version} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] "
-            f"on {over_start.pairs} answers, over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
-            f"judge mean score {over_start.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
-        )
-        took = time.monotonic() - began
-        click.echo(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
-        if report is not None:
-            figures = {"round": number, "optimizer": summary.optimizer, "policy": round_.policy_to, "votes": votes.cast,
-                       "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
-                       "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
-                       "seconds": took, "stages": dict(seconds)}
-            with report.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(figures) + "\n")
-        previous = answers
-    # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
-    _cast(project, judge, noise, names, labels_per_round, rng, Counter(), generate_more=False)
-    click.echo("the rounds as people (the simulated annotators) saw them:")
-    show_rounds(project)
-
-
-def _cast(project: Project, judge, noise: float, names: list[str], labels: int, rng: random.Random, seconds: Counter,
-          generate_more: bool = True) -> Votes:
-    """Up to `labels` simulated votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
-    began = time.monotonic()
-    votes = cast_votes(project.run, project.config.queue, judge, noise, names, labels, rng)
-    seconds["votes"] += time.monotonic() - began
-    while generate_more and votes.cast < labels:
-        began = time.monotonic()
-        prompts = project.run(prompts_to_generate, project.run(get_policy, None).version, None)
-        per_prompt = _completions_per_prompt(project, labels - votes.cast, len(prompts))
-        run_with_progress(project, submit_generation(project, project.run, None, per_prompt, prompts=prompts), "more pairs")
-        seconds["more pairs"] += time.monotonic() - began
-        began = time.monotonic()
-        before = votes.cast
-        cast_votes(project.run, project.config.queue, judge, noise, names, labels - votes.cast, rng, votes)
-        seconds["votes"] += time.monotonic() - began
-        if votes.cast == before:
-            break
-    return votes
-
-
-def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
-    """Completions of each of `prompts` prompts that make pairs enough for `votes` more votes, in one generation
-    job: each job loads the model again, and a pair per prompt at a time took several."""
-    queue = project.config.queue
-    votes_per_pair = 1 + queue.overlap_share * (queue.overlap_votes - 1)
-    return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
-
-
-def _training(project: Project, summary: RoundSummary) -> str:
-    """What a round's training did, in words: DPO, or the reward model and PPO or GRPO."""
-    round_ = summary.round
-    if summary.optimizer == "dpo":
-        pairs = project.run(job_metrics, summary.policy_job)
-        return (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
-                f"accuracy {_share(summary.pair_accuracy)}")
-    ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
-    reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
-    if summary.optimizer == "grpo":
-        kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
-        return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
-                f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
-    return (
-        f"{reward_model}; PPO {len(ended)} steps, KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
-        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
-    )
-
-
-def _on_new_votes(project: Project, round_: Round) -> str:
-    """How the reward model the round's one started from scored the votes it had not seen, when it was warm-started."""
-    metrics = project.run(get_reward_model, round_.reward_version).metrics
-    if metrics.get("new_votes_accuracy") is None:
-        return ""
-    return f", v{metrics['warm_start_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
-
-
-def _texts(answers: list) -> list[str]:
-    return [a.text for a in answers]
-
-
-def _ended(answers: list) -> str:
-    return f"{sum(a.finished for a in answers) / len(answers):.0%}"
-
-
-def _sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
-    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt, the same
-    seed for every version; and the policy's KL to the base on them."""
-    from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
-    from train.models import load_model
-
-    config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
-    adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
-    model, tokenizer = load_model(project.config.model, adapter)
-    answers = generate(model, tokenizer, prompts, config)
-    if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
-        return answers, 0.0 if adapter is None else float("nan")
-    return answers, kl_to_base(model, tokenizer, prompts, answers, config.temperature, config.batch_size)
+    sim = Simulation(load_judge(judge_spec), prompts, noise, annotators, labels_per_round, round_count, eval_samples, seed,
+                     optimizer, report)
+    simulate_rounds(project, sim, click.echo)
 
 
 @cli.group(cls=TetherGroup)
@@ -466,7 +292,7 @@ def rm_train(include_imported: bool | None, project_dir: Path):
     """
     project = load_project(project_dir)
     job = submit_reward_training(project, project.run, include_imported)
-    job = run_with_progress(project, job, "training")
+    job = run_to_end(project, job, "training")
     reward_model = project.run(get_reward_model, None)
     m = reward_model.metrics
     click.echo(
@@ -519,7 +345,7 @@ def rm_score(version: int | None, project_dir: Path):
     """
     project = load_project(project_dir)
     job = submit_scoring(project, project.run, version)
-    job = run_with_progress(project, job, "scoring")
+    job = run_to_end(project, job, "scoring")
     scored = project.run(job_metrics, job.id)["scored"]
     click.echo(f"stored rewards from reward model v{job.config['version']} on {scored:.0f} completions")
 
@@ -705,7 +531,7 @@ def serve(host: str, port: int, project_dir: Path):
     Example:
         tether serve --project demo --port 7860
     """
-    from ui.app import run  # Gradio takes seconds to import
+    from ui.web.app import run  # Gradio takes seconds to import
 
     project = load_project(project_dir)
     run(project, host, port)

@@ -18,7 +18,7 @@ from typing import Iterator
 
 from store.db import Connection, StoreError, open_database, utcnow
 from store.jobs import registered_adapter_paths
-from ui.project import CONFIG_FILE, DATABASE_FILE
+from ui.owner.project import CONFIG_FILE, DATABASE_FILE
 
 MANIFEST = "backup.json"
 ADAPTER_PATH = re.compile(r"(reward_models|policies)/v[0-9]+")

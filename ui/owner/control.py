@@ -19,8 +19,8 @@ import httpx
 
 from store.db import Connection, StoreError, utcnow
 from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
-from ui.backup import backup
-from ui.project import Project
+from ui.owner.backup import backup
+from ui.owner.project import Project
 
 SERVER_FILE = "tether.server.json"
 ROUTE = "/tether/control/{action}"

@@ -18,7 +18,7 @@ from typing import Callable
 from store import Connection, transaction
 from store.db import utcnow
 from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
-from ui.project import Project
+from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
 WORKER_PID_FILE = "worker.pid"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from annotate.queue import QueueConfig
-from ui.auth import SignInLimits
+from ui.owner.auth import SignInLimits
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from annotate.export import preference_rows
 from annotate.pairs import add_completions_with_pairs
@@ -39,8 +40,8 @@ from store.reward_models import (
 )
 from train.config import RewardModelConfig
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
-from ui.project import Project
-from ui.recovery import record_worker, register_adapter
+from ui.owner.project import Project
+from ui.owner.recovery import reconcile, record_worker, register_adapter
 
 Run = Callable[..., Any]
 POLL_SECONDS = 0.5
@@ -407,6 +408,22 @@ def run_job(
     else:
         run(finish_job, job.id, "failed", utcnow(), f"the worker exited with code {worker.returncode}:\n{log_tail(directory)}")
     return run(get_job, job.id)
+
+
+def run_here(project: Project, job: Job, label: str) -> Job:
+    """Run a job's worker from this process, with a progress bar, after setting right what a process that died left."""
+    for line in project.run(reconcile, project):
+        print(line, file=sys.stderr)
+    with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
+        return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
+
+
+def run_to_end(project: Project, job: Job, label: str) -> Job:
+    """run_here, and a job that did not finish becomes a JobError naming its reason."""
+    job = run_here(project, job, label)
+    if job.status != "done":
+        raise JobError(f"job {job.id} {job.status}: {job.error}")
+    return job
 
 
 def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:

@@ -4,7 +4,6 @@ This process is the database's one writer: every read and write goes through `Se
 which serialises them on one connection. Handlers come first, the layout after them.
 """
 
-import dataclasses
 import functools
 import html
 import json
@@ -12,11 +11,7 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
-import threading
-import time
 import traceback
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,26 +23,25 @@ from starlette.middleware import Middleware
 
 from annotate.agreement import fleiss_kappa, percent_agreement
 from annotate.export import export_preferences
-from annotate.queue import Action, LiveQueue, Outcome
+from annotate.queue import Action
 from store import StoreError
 from store.db import NotSaved, utcnow
 from store.prompts import import_prompt_file
-from store.queue import Assignment, release_leases
-from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
-from store.jobs import Job, get_job, list_jobs, metric_series
+from store.queue import Assignment
+from store.rounds import current_job_id, running_round
+from store.jobs import get_job, list_jobs, metric_series
 from store.reward_models import list_reward_models
 from store.stats import annotator_stats, overlapped_choices
-from store.users import ROLES, User, account_events, add_user, get_user, list_users, set_disabled, set_password_hash
+from store.users import ROLES, User, account_events, add_user, list_users, set_disabled, set_password_hash
 from train.errors import ModelError
 from train.jobdir import log_tail, read_events
-from ui import control
-from ui.auth import ClientAddress, SignInGuard, WeakPassword, hash_new_password
-from ui.job_queue import JobQueue
-from ui.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
-from ui.config import OPTIMIZERS, write_config
-from ui.project import CONFIG_FILE, Project
-from ui.recovery import reconcile
-from ui.rounds import STAGES, describe, ratings, roll_back, round_history, round_warnings, start_round
+from ui.owner import control
+from ui.owner.auth import ClientAddress, WeakPassword, hash_new_password
+from ui.owner.jobs import JobError, job_dir, submit_generation, submit_reward_training, submit_scoring
+from ui.owner.config import OPTIMIZERS
+from ui.owner.project import Project
+from ui.owner.rounds import STAGES, describe, ratings, roll_back, round_history, round_warnings, start_round
+from ui.owner.server import Refused, Server
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
 CHOICES = [
@@ -79,7 +73,7 @@ CSS = """
 """
 
 
-# The round history's columns in the Loop tab (keys of ui.rounds.describe), with their headers: what
+# The round history's columns in the Loop tab (keys of ui.owner.rounds.describe), with their headers: what
 # people think of each round first, the long training settings last, so a narrow screen shows the verdict.
 ROUND_COLUMNS = [
     ("round", "round"), ("status", "status"), ("policy", "policy"), ("win rate", "win rate [95% CI]"),
@@ -124,150 +118,6 @@ PLOTS = max(len(curves) for curves in CURVES.values())
 def refused(message: str) -> gr.Error:
     """A message for the user that is not a fault of the server: logged without a traceback."""
     return gr.Error(message, print_exception=False)
-
-
-@dataclass
-class _Arrival:
-    action: Action
-    result: tuple[Outcome, int, int] | BaseException | None = None
-
-
-class Server:
-    """The project, its database connection (this process is the one writer) and sign-in."""
-
-    def __init__(self, project: Project):
-        self.project = project
-        self.con = project.connect()
-        self.lock = threading.Lock()
-        released = self.db(release_leases, utcnow())
-        if released:
-            print(f"released {released} leases left open by the last run")
-        for line in self.db(reconcile, project):
-            print(line)
-        if rounds := self.db(fail_interrupted_rounds, utcnow()):
-            print(f"marked {rounds} rounds failed: the last run stopped during them")
-        self.queue = self.db(LiveQueue.load, project.config.queue, utcnow())
-        self.arrivals: deque[_Arrival] = deque()  # annotators' actions waiting for the writer
-        self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
-        self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
-        self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
-        self.sessions: dict[str, str] = {}  # Gradio's session cookies and their account names, once serving
-        self.users: dict[str, User] = {}  # accounts met so far; an account's change drops it (account_changed)
-        self.jobs = JobQueue(project, self.db, self.snapshot, on_done=self._job_done)
-        self.jobs.start()
-
-    def db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a store function on the app's connection, one at a time."""
-        with self.lock:
-            return fn(self.con, *args)
-
-    def annotate(self, action: Action) -> tuple[Outcome, int, int]:
-        """Do an annotator's action on the queue; return its outcome, and their votes today and pairs left after it.
-
-        Group commit: the actions that arrive while the writer is busy wait together, and the next
-        thread to take the lock does them all in one transaction. DuckDB spends a millisecond or two
-        of CPU on each statement, so under load a vote costs a fraction of that, and every vote is
-        still committed before its reply.
-        """
-        arrival = _Arrival(action)
-        self.arrivals.append(arrival)
-        with self.lock:
-            if arrival.result is None:  # no earlier holder of the lock took it in
-                batch = [self.arrivals.popleft() for _ in range(len(self.arrivals))]
-                now = utcnow()
-                try:
-                    outcomes = self.queue.act(self.con, [a.action for a in batch], now)
-                except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
-                    for other in batch:
-                        other.result = NotSaved(f"the database could not save this, with {len(batch) - 1} others: {e}")
-                    raise
-                for a, outcome in zip(batch, outcomes):
-                    name = a.action.annotator
-                    a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
-        if isinstance(arrival.result, BaseException):
-            raise arrival.result
-        return arrival.result
-
-    def snapshot(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a store function on a connection of its own, beside the writer: for long reads of one snapshot."""
-        with self.lock:
-            con = self.con.cursor()
-        try:
-            return fn(con, *args)
-        finally:
-            con.close()
-
-    def check_queue(self) -> dict[str, dict[str, Any]]:
-        """The queue held in memory against one rebuilt from the database now: the parts that differ, if any."""
-        with self.lock:
-            now = utcnow()
-            held = self.queue.state(now)
-            rebuilt = LiveQueue.load(self.con, self.project.config.queue, now).state(now)
-        return {part: {"held": held[part], "rebuilt": rebuilt[part]} for part in held if held[part] != rebuilt[part]}
-
-    def _job_done(self, job: Job) -> None:
-        """Bring the queue in memory up to date with what a finished job stored."""
-        if job.kind == "generate":
-            self.db(self.queue.add_new_pairs, utcnow())
-        elif job.kind == "score":
-            self.db(self.queue.reorder, utcnow())
-
-    def account_changed(self, name: str) -> None:
-        """After a new password or a disable: the account must sign in again wherever it is signed in.
-
-        Its sessions end (as Gradio's own log-out from all sessions does) once it is enabled; while
-        it is disabled they are kept, so that each request from them is refused with the reason.
-        """
-        self.users.pop(name, None)
-        user = self.db(get_user, name)
-        if user is None:
-            return
-        if user.disabled:  # its leases ended in the database; here too, so its pairs are served to others
-            self.db(lambda con: self.queue.release(name, utcnow()))
-            return
-        for token, account in list(self.sessions.items()):
-            if account == name:
-                self.sessions.pop(token, None)
-
-    def _password_hash(self, name: str) -> str | None:
-        user = self.db(get_user, name)
-        return user.password_hash if user and not user.disabled else None
-
-    def _replace_hash(self, name: str, password_hash: str) -> None:
-        self.db(set_password_hash, name, password_hash, name, utcnow(), "password hash upgraded at sign-in")
-
-    def user(self, request: gr.Request) -> User:
-        """The signed-in user, checked on the server for every call: a disabled account's sessions end at once."""
-        name = request.username if request else None
-        user = self.users.get(name) if name else None
-        if user is None and name and (user := self.db(get_user, name)):
-            self.users[name] = user
-        if user is None:
-            raise refused("Sign in first.")
-        if user.disabled:
-            raise refused("This account is disabled: ask an operator.")
-        return user
-
-    def operator(self, request: gr.Request) -> User:
-        user = self.user(request)
-        if user.role != "operator":
-            raise refused("Only operators may do this.")
-        return user
-
-    def close(self) -> None:
-        control.withdraw(self.project)
-        self.jobs.stop()
-        shutil.rmtree(self.exports, ignore_errors=True)
-        with self.lock:
-            self.con.close()
-
-    def export_folder(self) -> Path:
-        """A new folder for one export, after removing those older than [server] export_seconds."""
-        oldest = time.time() - self.project.config.server.export_seconds
-        for folder in self.exports.iterdir():
-            if folder.stat().st_mtime < oldest:
-                shutil.rmtree(folder, ignore_errors=True)
-        return Path(tempfile.mkdtemp(dir=self.exports))
 
 
 # ---- rendering: everything from prompts, models and people is escaped ----
@@ -316,6 +166,8 @@ def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
             return handler(*args, **kwargs)
         except gr.Error:
             raise
+        except Refused as e:
+            raise refused(str(e)) from None
         except Exception as e:
             error_id = secrets.token_hex(4)
             print(f"error {error_id} in {handler.__name__}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -343,17 +195,17 @@ class Handlers:
         self.server = server
 
     def next_pair(self, request: gr.Request) -> tuple:
-        user = self.server.user(request)
+        user = self.server.user(request.username)
         return self._then_show(user, Action("serve", user.name))
 
     def vote(self, choice: str, token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
         """Store the vote and lease the next pair in one transaction: if it cannot be saved, neither is, and
         the annotator is told; a vote is never stored while its reply is an error."""
-        user = self.server.user(request)
+        user = self.server.user(request.username)
         return self._then_show(user, Action("vote", user.name, token, choice, STRENGTHS.get(strength or ""), comment))
 
     def skip_pair(self, token: str, request: gr.Request) -> tuple:
-        user = self.server.user(request)
+        user = self.server.user(request.username)
         return self._then_show(user, Action("skip", user.name, token))
 
     def _then_show(self, user: User, action: Action) -> tuple:
@@ -382,13 +234,13 @@ class Handlers:
 
     def operator_controls(self, request: gr.Request) -> tuple:
         """At sign-in: the operator tab and its refreshes, for operators only."""
-        operator = self.server.user(request).role == "operator"
+        operator = self.server.user(request.username).role == "operator"
         return gr.Tab(visible=operator), gr.Timer(active=operator), gr.Timer(active=operator)
 
     # Operator handlers: each checks the caller's role before doing anything.
 
     def operator_data(self, request: gr.Request) -> tuple:
-        self.server.operator(request)
+        self.server.operator(request.username)
         # The pair states from the queue's counters; the scans on a snapshot, beside the writer, so
         # that a refresh does not hold up the annotators' votes.
         states = self.server.db(self.server.queue.pair_states, utcnow())
@@ -406,7 +258,7 @@ class Handlers:
 
 
     def import_prompts(self, upload: str | None, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         if not upload:
             raise refused("Choose a file first.")
         with user_errors():
@@ -415,13 +267,13 @@ class Handlers:
 
 
     def generate_pairs(self, limit: float, per_prompt: float, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             job = submit_generation(self.server.project, self.server.db, int(limit), int(per_prompt))
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     def job_table(self, request: gr.Request) -> list[list]:
-        self.server.operator(request)
+        self.server.operator(request.username)
         rows = []
         for j in self.server.db(list_jobs):
             step = loss = ""
@@ -433,33 +285,33 @@ class Handlers:
         return rows
 
     def job_log(self, job_id: float, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             job = self.server.db(get_job, int(job_id))
         return log_tail(job_dir(self.server.project, job.id), lines=40)
 
     def cancel_job(self, job_id: float, request: gr.Request) -> list[list]:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             self.server.db(get_job, int(job_id))
         self.server.jobs.cancel(int(job_id))
         return self.job_table(request)
 
     def train_reward_model(self, include_imported: bool, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             job = submit_reward_training(self.server.project, self.server.db, include_imported, read=self.server.snapshot)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     def score_completions(self, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             job = submit_scoring(self.server.project, self.server.db)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     def reward_models(self, run: int | None, request: gr.Request) -> tuple:
         """The versions with their metrics, and the training curves of one run (the newest unless chosen)."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         versions = self.server.db(list_reward_models)
         table = [
             [rm.version, _figure(rm.metrics.get("eval_accuracy"), percent=True), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"),
@@ -477,7 +329,7 @@ class Handlers:
 
     def loop_status(self, request: gr.Request) -> str:
         """One line on the running round, if any, and the scheduler."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         every = self.server.project.config.round.every_comparisons
         schedule = f"the scheduler starts a round every {every} new comparisons" if every else "the scheduler is off"
         round_ = self.server.db(running_round)
@@ -494,7 +346,7 @@ class Handlers:
 
     def loop_data(self, shown_round: int | None, request: gr.Request) -> tuple:
         """The round history, the ratings, the warnings, and the training curves of one round (the newest unless chosen)."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         history = round_history(self.server.db)
         table = [[row[key] for key, _ in ROUND_COLUMNS] for row in map(describe, reversed(history))]
         scores = sorted(ratings(self.server.db).items(), key=lambda item: -item[1])
@@ -530,26 +382,19 @@ class Handlers:
         return [[latest["step"], s["prompt"], s["response"], _round(s["score"], 3)] for s in latest["samples"]] if latest else []
 
     def start_round(self, reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         with user_errors():
             job = start_round(self.server.project, self.server.db, int(reward_version) if reward_version else None, self.server.snapshot,
                               optimizer)
         return f"Started round {job.round}: its first job is {job.id} ({STAGES[job.kind]})."
 
     def cancel_round(self, request: gr.Request) -> str:
-        self.server.operator(request)
-        round_ = self.server.db(running_round)
-        if round_ is None:
-            raise refused("No round is running.")
-        # The round first, so the job queue does not go on to its next job.
-        self.server.db(finish_round, round_.id, "cancelled", utcnow(), "cancelled by an operator")
-        if (job_id := self.server.db(current_job_id, round_.id)) is not None:
-            self.server.jobs.cancel(job_id)
-        return f"Cancelled round {round_.id}."
+        self.server.operator(request.username)
+        return f"Cancelled round {self.server.cancel_round()}."
 
     def roll_back(self, version: float | None, request: gr.Request) -> str:
         """Register a copy of an earlier policy version as the newest, so the next round starts from it."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         if version is None or version < 0 or version != int(version):
             raise refused("Give the policy version to roll back to: a whole number, 0 or more.")
         with user_errors():
@@ -558,16 +403,14 @@ class Handlers:
 
     def set_schedule(self, every: float | None, request: gr.Request) -> str:
         """Change [round] every_comparisons, now and in tether.toml."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         if every is None or every < 0 or every != int(every):
             raise refused("The number of comparisons must be a whole number, 0 or more.")
-        project = self.server.project
-        project.config.round = dataclasses.replace(project.config.round, every_comparisons=int(every))
-        write_config(project.root / CONFIG_FILE, project.config)
+        self.server.set_schedule(int(every))
         return f"A round starts every {int(every)} new comparisons." if every else "The scheduler is off."
 
     def export_data(self, fmt: str, include_ties: bool, min_agreement: float, request: gr.Request) -> str:
-        self.server.operator(request)
+        self.server.operator(request.username)
         folder = self.server.export_folder()
         out = folder / ("preferences" if fmt == "hf" else f"preferences.{fmt}")
         with user_errors():
@@ -578,19 +421,19 @@ class Handlers:
 
     def accounts(self, request: gr.Request) -> tuple:
         """Every account, and the newest changes to them."""
-        self.server.operator(request)
+        self.server.operator(request.username)
         users = [[u.name, u.role, "disabled" if u.disabled else "active"] for u in self.server.db(list_users)]
         log = [[e.at.strftime("%Y-%m-%d %H:%M:%S"), e.account, e.action, e.actor] for e in self.server.db(account_events, 200)]
         return users, log
 
     def add_account(self, name: str, role: str, password: str, request: gr.Request) -> tuple:
-        operator = self.server.operator(request)
+        operator = self.server.operator(request.username)
         with user_errors():
             self.server.db(add_user, name.strip(), role, hash_new_password(password), operator.name, utcnow())
         return f"Added {role} {name.strip()}.", "", *self.accounts(request)
 
     def disable_account(self, name: str, request: gr.Request) -> tuple:
-        operator = self.server.operator(request)
+        operator = self.server.operator(request.username)
         if name.strip() == operator.name:
             raise refused("You cannot disable your own account.")
         with user_errors():
@@ -599,14 +442,14 @@ class Handlers:
         return f"Disabled {name.strip()}: its open sessions are refused from now on.", "", *self.accounts(request)
 
     def enable_account(self, name: str, request: gr.Request) -> tuple:
-        operator = self.server.operator(request)
+        operator = self.server.operator(request.username)
         with user_errors():
             self.server.db(set_disabled, name.strip(), False, operator.name, utcnow())
         self.server.account_changed(name.strip())
         return f"Enabled {name.strip()}.", "", *self.accounts(request)
 
     def set_account_password(self, name: str, password: str, request: gr.Request) -> tuple:
-        operator = self.server.operator(request)
+        operator = self.server.operator(request.username)
         with user_errors():
             self.server.db(set_password_hash, name.strip(), hash_new_password(password), operator.name, utcnow())
         self.server.account_changed(name.strip())

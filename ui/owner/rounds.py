@@ -14,6 +14,7 @@ a better one as the newest version, so the next round starts from it.
 import re
 import shutil
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,9 @@ from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games, version_votes
-from ui.config import OPTIMIZERS
-from ui.jobs import Run, is_held_back, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training
-from ui.project import Project
+from ui.owner.config import OPTIMIZERS
+from ui.owner.jobs import Run, is_held_back, run_here, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training
+from ui.owner.project import Project
 
 STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
 POLICY_JOBS = ("ppo", "dpo", "grpo")  # the jobs that train a round's new policy
@@ -90,6 +91,24 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
         raise
     run(finish_round, round_.id, "done", utcnow())
     return None
+
+
+def run_round(project: Project, reward_version: int | None = None, optimizer: str | None = None,
+              seconds: Counter | None = None) -> Round:
+    """Run a round's jobs from this process, one after another, each with a progress bar; add each stage's wall
+    time to `seconds`. A round that does not finish is a StoreError naming why."""
+    job = start_round(project, project.run, reward_version, optimizer=optimizer)
+    round_id = job.round
+    while job is not None:
+        began = time.monotonic()
+        done = run_here(project, job, STAGES[job.kind])
+        if seconds is not None:
+            seconds[STAGES[done.kind]] += time.monotonic() - began
+        job = advance_round(project, project.run, done)
+    round_ = project.run(get_round, round_id)
+    if round_.status != "done":
+        raise StoreError(f"round {round_id} {round_.status}: {round_.error}")
+    return round_
 
 
 def _held_back(project: Project, run: Run, policy_version: int) -> list[Prompt]:
@@ -313,6 +332,21 @@ def repeated_trigram_share(completions: list[tuple[int | None, str]]) -> float:
         total += len(trigrams)
         repeated += len(trigrams) - len(set(trigrams))
     return repeated / total if total else 0.0
+
+
+def round_report(run: Run) -> list[str]:
+    """The round history as a text table, the ratings and the warnings, line by line."""
+    history = round_history(run)
+    if not history:
+        return ["no rounds yet: start one with `tether round`"]
+    rows = [describe(s) for s in history]
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
+    lines = ["  ".join(k.ljust(w) for k, w in widths.items())]
+    lines += ["  ".join(str(row[k]).ljust(w) for k, w in widths.items()) for row in rows]
+    if scores := ratings(run):
+        lines.append("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
+    lines += [f"warning: {warning}" for warning in round_warnings(run, history)]
+    return lines
 
 
 def describe(summary: RoundSummary) -> dict[str, Any]:

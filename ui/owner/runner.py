@@ -14,9 +14,9 @@ from store.db import utcnow
 from store.jobs import Job, cancel_if_queued, finish_job, get_job, next_queued
 from store.rounds import scheduled_round_due
 from train.jobdir import log_tail
-from ui.jobs import POLL_SECONDS, Run, job_dir, run_job
-from ui.project import Project
-from ui.rounds import advance_round, start_round
+from ui.owner.jobs import POLL_SECONDS, Run, job_dir, run_job
+from ui.owner.project import Project
+from ui.owner.rounds import advance_round, start_round
 
 
 class JobQueue:

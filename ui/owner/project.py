@@ -8,7 +8,7 @@ from typing import Any, Callable
 from store import Connection, open_database
 from store.policies import add_policy
 from train.config import Hardware, ModelConfig
-from ui.config import TetherConfig, load_config, settings_for, write_config
+from ui.owner.config import TetherConfig, load_config, settings_for, write_config
 
 CONFIG_FILE = "tether.toml"
 DATABASE_FILE = "tether.duckdb"

@@ -1,0 +1,195 @@
+"""The server: the project, the database's one connection (this process is the one writer), the live
+queue in memory with its group commit, the job runner, and sign-in.
+
+Every read and write goes through `Server.db`, which serialises them on one connection. The web
+views call this, never storage; `Refused` says why the caller may not do what it asked.
+"""
+
+import dataclasses
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from annotate.queue import Action, LiveQueue, Outcome
+from store import StoreError
+from store.db import NotSaved, utcnow
+from store.jobs import Job
+from store.queue import release_leases
+from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
+from store.users import User, get_user, set_password_hash
+from ui.owner import control
+from ui.owner.auth import SignInGuard
+from ui.owner.config import write_config
+from ui.owner.project import CONFIG_FILE, Project
+from ui.owner.recovery import reconcile
+from ui.owner.runner import JobQueue
+
+
+class Refused(StoreError):
+    """The caller may not do this now: not signed in, disabled, not an operator, or nothing to act on."""
+
+
+@dataclass
+class _Arrival:
+    action: Action
+    result: tuple[Outcome, int, int] | BaseException | None = None
+
+
+class Server:
+    """The project, its database connection (this process is the one writer) and sign-in."""
+
+    def __init__(self, project: Project):
+        self.project = project
+        self.con = project.connect()
+        self.lock = threading.Lock()
+        released = self.db(release_leases, utcnow())
+        if released:
+            print(f"released {released} leases left open by the last run")
+        for line in self.db(reconcile, project):
+            print(line)
+        if rounds := self.db(fail_interrupted_rounds, utcnow()):
+            print(f"marked {rounds} rounds failed: the last run stopped during them")
+        self.queue = self.db(LiveQueue.load, project.config.queue, utcnow())
+        self.arrivals: deque[_Arrival] = deque()  # annotators' actions waiting for the writer
+        self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
+        self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
+        self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
+        self.sessions: dict[str, str] = {}  # the web server's session cookies and their account names, once serving
+        self.users: dict[str, User] = {}  # accounts met so far; an account's change drops it (account_changed)
+        self.jobs = JobQueue(project, self.db, self.snapshot, on_done=self._job_done)
+        self.jobs.start()
+
+    def db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a store function on the app's connection, one at a time."""
+        with self.lock:
+            return fn(self.con, *args)
+
+    def annotate(self, action: Action) -> tuple[Outcome, int, int]:
+        """Do an annotator's action on the queue; return its outcome, and their votes today and pairs left after it.
+
+        Group commit: the actions that arrive while the writer is busy wait together, and the next
+        thread to take the lock does them all in one transaction. DuckDB spends a millisecond or two
+        of CPU on each statement, so under load a vote costs a fraction of that, and every vote is
+        still committed before its reply.
+        """
+        arrival = _Arrival(action)
+        self.arrivals.append(arrival)
+        with self.lock:
+            if arrival.result is None:  # no earlier holder of the lock took it in
+                batch = [self.arrivals.popleft() for _ in range(len(self.arrivals))]
+                now = utcnow()
+                try:
+                    outcomes = self.queue.act(self.con, [a.action for a in batch], now)
+                except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
+                    for other in batch:
+                        other.result = NotSaved(f"the database could not save this, with {len(batch) - 1} others: {e}")
+                    raise
+                for a, outcome in zip(batch, outcomes):
+                    name = a.action.annotator
+                    a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
+        if isinstance(arrival.result, BaseException):
+            raise arrival.result
+        return arrival.result
+
+    def snapshot(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a store function on a connection of its own, beside the writer: for long reads of one snapshot."""
+        with self.lock:
+            con = self.con.cursor()
+        try:
+            return fn(con, *args)
+        finally:
+            con.close()
+
+    def check_queue(self) -> dict[str, dict[str, Any]]:
+        """The queue held in memory against one rebuilt from the database now: the parts that differ, if any."""
+        with self.lock:
+            now = utcnow()
+            held = self.queue.state(now)
+            rebuilt = LiveQueue.load(self.con, self.project.config.queue, now).state(now)
+        return {part: {"held": held[part], "rebuilt": rebuilt[part]} for part in held if held[part] != rebuilt[part]}
+
+    def _job_done(self, job: Job) -> None:
+        """Bring the queue in memory up to date with what a finished job stored."""
+        if job.kind == "generate":
+            self.db(self.queue.add_new_pairs, utcnow())
+        elif job.kind == "score":
+            self.db(self.queue.reorder, utcnow())
+
+    def cancel_round(self) -> int:
+        """Cancel the running round and its current job; return the round's id."""
+        round_ = self.db(running_round)
+        if round_ is None:
+            raise Refused("No round is running.")
+        # The round first, so the job queue does not go on to its next job.
+        self.db(finish_round, round_.id, "cancelled", utcnow(), "cancelled by an operator")
+        if (job_id := self.db(current_job_id, round_.id)) is not None:
+            self.jobs.cancel(job_id)
+        return round_.id
+
+    def set_schedule(self, every: int) -> None:
+        """Change [round] every_comparisons, now and in tether.toml."""
+        config = self.project.config
+        config.round = dataclasses.replace(config.round, every_comparisons=every)
+        write_config(self.project.root / CONFIG_FILE, config)
+
+    def account_changed(self, name: str) -> None:
+        """After a new password or a disable: the account must sign in again wherever it is signed in.
+
+        Its sessions end (as Gradio's own log-out from all sessions does) once it is enabled; while
+        it is disabled they are kept, so that each request from them is refused with the reason.
+        """
+        self.users.pop(name, None)
+        user = self.db(get_user, name)
+        if user is None:
+            return
+        if user.disabled:  # its leases ended in the database; here too, so its pairs are served to others
+            self.db(lambda con: self.queue.release(name, utcnow()))
+            return
+        for token, account in list(self.sessions.items()):
+            if account == name:
+                self.sessions.pop(token, None)
+
+    def _password_hash(self, name: str) -> str | None:
+        user = self.db(get_user, name)
+        return user.password_hash if user and not user.disabled else None
+
+    def _replace_hash(self, name: str, password_hash: str) -> None:
+        self.db(set_password_hash, name, password_hash, name, utcnow(), "password hash upgraded at sign-in")
+
+    def user(self, name: str | None) -> User:
+        """The signed-in user, checked on the server for every call: a disabled account's sessions end at once."""
+        user = self.users.get(name) if name else None
+        if user is None and name and (user := self.db(get_user, name)):
+            self.users[name] = user
+        if user is None:
+            raise Refused("Sign in first.")
+        if user.disabled:
+            raise Refused("This account is disabled: ask an operator.")
+        return user
+
+    def operator(self, name: str | None) -> User:
+        user = self.user(name)
+        if user.role != "operator":
+            raise Refused("Only operators may do this.")
+        return user
+
+    def close(self) -> None:
+        control.withdraw(self.project)
+        self.jobs.stop()
+        shutil.rmtree(self.exports, ignore_errors=True)
+        with self.lock:
+            self.con.close()
+
+    def export_folder(self) -> Path:
+        """A new folder for one export, after removing those older than [server] export_seconds."""
+        oldest = time.time() - self.project.config.server.export_seconds
+        for folder in self.exports.iterdir():
+            if folder.stat().st_mtime < oldest:
+                shutil.rmtree(folder, ignore_errors=True)
+        return Path(tempfile.mkdtemp(dir=self.exports))

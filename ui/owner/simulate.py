@@ -1,0 +1,172 @@
+"""The loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
+
+The simulated annotators take pairs from the same queue, and vote through the same path, as
+people in the app; when the queue runs dry the newest policy answers more prompts. After each
+round the judge compares the new policy with the starting one and with its parent on the
+evaluation prompts.
+"""
+
+import dataclasses
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from annotate.judges import Judge
+from annotate.simulate import Messages, Votes, cast_votes, judge_against
+from store.jobs import job_metrics, metric_series
+from store.policies import Policy, get_policy
+from store.prompts import prompts_to_generate
+from store.reward_models import get_reward_model
+from store.rounds import Round
+from ui.owner.jobs import run_to_end, submit_generation
+from ui.owner.project import Project
+from ui.owner.rounds import RoundSummary, round_report, round_summary, run_round
+
+
+@dataclass(frozen=True)
+class Simulation:
+    judge: Judge
+    eval_prompts: list[Messages]  # the judge compares policies on these; keep them apart from the project's prompts
+    noise: float = 0.5  # T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T)
+    annotators: int = 3
+    labels_per_round: int = 96
+    rounds: int = 3
+    eval_samples: int = 4  # answers per evaluation prompt from each policy
+    seed: int = 0
+    optimizer: str | None = None  # [round] optimizer when None
+    report: Path | None = None  # where to append each round's figures, one JSON object per line
+
+
+def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> None:
+    """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table follows."""
+    rng = random.Random(sim.seed)
+    names = [f"simulated-{i}" for i in range(1, sim.annotators + 1)]
+    prompts = sim.eval_prompts
+    start = project.run(get_policy, None)
+    say(f"sampling {sim.eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
+    baseline, _ = sample_answers(project, start, prompts, sim.eval_samples, sim.seed)
+    say(f"round 0: policy v{start.version}, judge mean score "
+        f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
+    previous = baseline
+    for number in range(1, sim.rounds + 1):
+        seconds: Counter = Counter()
+        began = time.monotonic()
+        votes = _cast(project, sim, names, rng, seconds)
+        round_ = run_round(project, None, sim.optimizer, seconds)
+        evaluated = time.monotonic()
+        answers, kl = sample_answers(project, project.run(get_policy, round_.policy_to), prompts, sim.eval_samples, sim.seed)
+        seconds["evaluation"] += time.monotonic() - evaluated
+        summary = round_summary(project.run, round_.id)
+        over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
+        over_parent = judge_against(sim.judge, prompts, _texts(answers), _texts(previous))
+        say(
+            f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
+            f"{training_summary(project, summary)}; policy v{round_.policy_to}: judge win rate over v{start.version} "
+            f"{over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] on {over_start.pairs} answers, "
+            f"over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
+            f"judge mean score {over_start.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
+        )
+        took = time.monotonic() - began
+        say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
+        if sim.report is not None:
+            figures = {"round": number, "optimizer": summary.optimizer, "policy": round_.policy_to, "votes": votes.cast,
+                       "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
+                       "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
+                       "seconds": took, "stages": dict(seconds)}
+            with sim.report.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(figures) + "\n")
+        previous = answers
+    # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
+    _cast(project, sim, names, rng, Counter(), generate_more=False)
+    say("the rounds as people (the simulated annotators) saw them:")
+    for line in round_report(project.run):
+        say(line)
+
+
+def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Random, seconds: Counter,
+          generate_more: bool = True) -> Votes:
+    """Up to sim.labels_per_round votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
+    labels = sim.labels_per_round
+    began = time.monotonic()
+    votes = cast_votes(project.run, project.config.queue, sim.judge, sim.noise, names, labels, rng)
+    seconds["votes"] += time.monotonic() - began
+    while generate_more and votes.cast < labels:
+        began = time.monotonic()
+        prompts = project.run(prompts_to_generate, project.run(get_policy, None).version, None)
+        per_prompt = _completions_per_prompt(project, labels - votes.cast, len(prompts))
+        run_to_end(project, submit_generation(project, project.run, None, per_prompt, prompts=prompts), "more pairs")
+        seconds["more pairs"] += time.monotonic() - began
+        began = time.monotonic()
+        before = votes.cast
+        cast_votes(project.run, project.config.queue, sim.judge, sim.noise, names, labels - votes.cast, rng, votes)
+        seconds["votes"] += time.monotonic() - began
+        if votes.cast == before:
+            break
+    return votes
+
+
+def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
+    """Completions of each of `prompts` prompts that make pairs enough for `votes` more votes, in one generation
+    job: each job loads the model again, and a pair per prompt at a time took several."""
+    queue = project.config.queue
+    votes_per_pair = 1 + queue.overlap_share * (queue.overlap_votes - 1)
+    return 2 * math.ceil(votes / votes_per_pair / max(prompts, 1))
+
+
+def training_summary(project: Project, summary: RoundSummary) -> str:
+    """What a round's training did, in words: DPO, or the reward model and PPO or GRPO."""
+    round_ = summary.round
+    if summary.optimizer == "dpo":
+        pairs = project.run(job_metrics, summary.policy_job)
+        return (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
+                f"accuracy {_share(summary.pair_accuracy)}")
+    ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
+    reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
+    if summary.optimizer == "grpo":
+        kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
+        return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
+                f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
+    return (
+        f"{reward_model}; PPO {len(ended)} steps, KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
+        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
+    )
+
+
+def _on_new_votes(project: Project, round_: Round) -> str:
+    """How the reward model the round's one started from scored the votes it had not seen, when it was warm-started."""
+    metrics = project.run(get_reward_model, round_.reward_version).metrics
+    if metrics.get("new_votes_accuracy") is None:
+        return ""
+    return f", v{metrics['warm_start_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
+
+
+def sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
+    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt, the same
+    seed for every version; and the policy's KL to the base on them."""
+    from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
+    from train.models import load_model
+
+    config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
+    adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
+    model, tokenizer = load_model(project.config.model, adapter)
+    answers = generate(model, tokenizer, prompts, config)
+    if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
+        return answers, 0.0 if adapter is None else float("nan")
+    return answers, kl_to_base(model, tokenizer, prompts, answers, config.temperature, config.batch_size)
+
+
+def _texts(answers: list) -> list[str]:
+    return [a.text for a in answers]
+
+
+def _ended(answers: list) -> str:
+    return f"{sum(a.finished for a in answers) / len(answers):.0%}"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
