@@ -23,7 +23,7 @@ from train.errors import ModelError
 from ui.owner.auth import WeakPassword, hash_new_password
 from ui.owner.backup import restore
 from ui.owner.control import command_line_actor, run_action
-from ui.owner.config import OPTIMIZERS, ConfigError
+from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_reference
 from ui.owner.jobs import run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rounds import roll_back, round_report, round_summary, run_round
@@ -599,6 +599,22 @@ def status(project_dir: Path):
     ]
     for name, value in rows:
         click.echo(f"{name:<14}{value}")
+
+
+@cli.command()
+@click.option("--section", type=click.Choice(SECTIONS), help="Show only this section of tether.toml.")
+def settings(section: str | None):
+    """Show every setting of tether.toml: its section, default, type and what it does.
+
+    Read from the settings' own definitions, so it is never out of date. A project's own values
+    are in its tether.toml, which `tether init` writes with the same help as comments.
+
+    \b
+    Example:
+        tether settings
+        tether settings --section ppo
+    """
+    click.echo(settings_reference(section))
 
 
 def _versions(versions: list[int]) -> str:

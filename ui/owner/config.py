@@ -36,17 +36,26 @@ class ServerConfig:
                           "is checked, so guesses sent in parallel meet the same limit."},
     )
     sign_in_attempts_per_address: int = field(
-        default=SignInLimits.per_address, metadata={"help": "Failed sign-ins from one client address, on any accounts, before the address is locked out."},
+        default=SignInLimits.per_address, metadata={"help": "Failed sign-ins from one client address, on any accounts, before the address is locked out. "
+                          "A reverse proxy on the same machine is trusted to name the client (X-Forwarded-For); for one "
+                          "on another machine set the FORWARDED_ALLOW_IPS environment variable to its address, or every "
+                          "client counts as the proxy."},
     )
     lockout_seconds: float = field(
         default=SignInLimits.lockout_seconds,
         metadata={"help": "How long the first lockout lasts; each next one of the same account or address doubles, up to "
                           "max_lockout_seconds. A locked-out attempt is refused at once, without checking the password."},
     )
-    max_lockout_seconds: float = field(default=SignInLimits.max_lockout_seconds, metadata={"help": "The longest lockout."})
+    max_lockout_seconds: float = field(
+        default=SignInLimits.max_lockout_seconds,
+        metadata={"help": "The longest lockout. With the defaults an attacker gets at most 35 guesses at one account in "
+                          "the first hour and 20 an hour after that, from any number of addresses; the price is that an "
+                          "attacker can keep an account locked out, its owner waiting up to this long."},
+    )
     max_upload_mb: float = field(default=100.0, metadata={"help": "The largest file the app accepts (prompt uploads), in MiB."})
     export_seconds: int = field(
-        default=600, metadata={"help": "How long an export's file is kept for download before the server removes it."},
+        default=600, metadata={"help": "How long an export's file is kept for download before the server removes it; all of them go "
+                          "when the server stops."},
     )
 
     def __post_init__(self):
@@ -87,7 +96,7 @@ class RoundConfig:
     every_comparisons: int = field(
         default=0,
         metadata={"help": "The app starts a round by itself once this many comparisons have come in since the last round "
-                          "started; 0 turns the scheduler off."},
+                          "started; 0 turns the scheduler off. The Loop view sets it too."},
     )
     kl_budget: float = field(
         default=20.0,
@@ -115,7 +124,8 @@ class WorkerConfig:
         metadata={"help": 'GPUs each model job uses: a number, or "all". Over 1, the worker runs under accelerate launch, '
                           "one process per GPU (DDP): reward-model training and PPO split each batch and average the "
                           "gradients, generation and scoring split the prompts. Batch sizes stay global, so [reward_model] "
-                          "batch_size and [ppo] batch_size and minibatch_size must be multiples of it."},
+                          "batch_size and [ppo] batch_size and minibatch_size must be multiples of it. A job asking for more "
+                          "GPUs than the machine has is refused before it is queued."},
     )
 
     def __post_init__(self):
@@ -133,16 +143,24 @@ class WorkerConfig:
 
 @dataclass
 class TetherConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    dpo: DPOConfig = field(default_factory=DPOConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    round: RoundConfig = field(default_factory=RoundConfig)
-    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """tether.toml: one section per field, each a dataclass whose fields carry their help."""
+
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "The base model every job loads, and how."})
+    generation: GenerationConfig = field(
+        default_factory=GenerationConfig, metadata={"help": "Sampling the completions annotators compare, and evaluation answers."},
+    )
+    queue: QueueConfig = field(default_factory=QueueConfig, metadata={"help": "Which pair each annotator is served next."})
+    server: ServerConfig = field(
+        default_factory=ServerConfig, metadata={"help": "The annotation app: guidelines, sign-in limits, uploads and exports."},
+    )
+    reward_model: RewardModelConfig = field(
+        default_factory=RewardModelConfig, metadata={"help": "The LoRA Bradley-Terry reward model trained on the votes."},
+    )
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"help": "PPO rounds: the policy against the reward model, tethered to v0."})
+    dpo: DPOConfig = field(default_factory=DPOConfig, metadata={"help": "DPO rounds: the policy trained on the votes directly."})
+    grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO rounds: groups of answers per prompt scored by the reward model."})
+    round: RoundConfig = field(default_factory=RoundConfig, metadata={"help": "Rounds: the optimiser, held-back prompts, the scheduler, the KL budget."})
+    worker: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "The worker process that runs model jobs."})
 
     def __post_init__(self):
         if self.ppo.max_new_tokens is not None and self.ppo.max_new_tokens > self.generation.max_new_tokens:
@@ -172,8 +190,8 @@ class TetherConfig:
 def settings_for(hardware: Hardware, model: ModelConfig) -> tuple[TetherConfig, str]:
     """The settings `tether init` writes for this hardware, and which profile they are.
 
-    The defaults are the CPU profile: the README's loop is measured with them, unedited, on a
-    2-core CPU and the default model. A GPU gets the answers a chat model needs and batches that
+    The defaults are the CPU profile: the loop in scripts/BENCHMARKS.md is measured with them,
+    unedited, on a 2-core CPU and the default model. A GPU gets the answers a chat model needs and batches that
     fill it; those were chosen for a 0.5B to 8B model and not measured here.
     """
     config = TetherConfig(model=model)
@@ -250,3 +268,79 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
     return repr(value)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(TetherConfig))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of tether.toml as `tether settings` shows it, read off the config dataclasses."""
+
+    section: str
+    name: str
+    type: str
+    default: Any  # the dataclass default, which is the CPU profile's value
+    gpu_default: str | None  # what `tether init` writes on a CUDA GPU, where it differs
+    help: str
+
+
+def all_settings(section: str | None = None) -> list[Setting]:
+    """Every setting of tether.toml (or of one section), in file order, with its type, default and help."""
+    if section is not None and section not in SECTIONS:
+        raise ConfigError(f"no section [{section}] in tether.toml (known: {', '.join(SECTIONS)})")
+    default = TetherConfig()
+    roomy, small = (settings_for(Hardware("cuda", "a GPU", memory), ModelConfig())[0] for memory in (80.0, 24.0))
+    settings = []
+    for part in dataclasses.fields(TetherConfig):
+        if section not in (None, part.name):
+            continue
+        hints = typing.get_type_hints(part.type)
+        for setting in dataclasses.fields(part.type):
+            value = getattr(getattr(default, part.name), setting.name)
+            on_gpu = [getattr(getattr(c, part.name), setting.name) for c in (roomy, small)]
+            settings.append(Setting(part.name, setting.name, _type_name(hints[setting.name]), value,
+                                    _gpu_default(value, *on_gpu), setting.metadata.get("help", "")))
+    return settings
+
+
+def settings_reference(section: str | None = None, width: int = 96) -> str:
+    """`tether settings`: each section's help, then each setting as `name = default`, its type and its help."""
+    sections = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TetherConfig)}
+    lines: list[str | None] = [
+        "# Each setting of tether.toml: name = default (type), then what it does. The defaults are the CPU profile;",
+        "# on a CUDA GPU `tether init` writes the GPU profile's value where one is shown. A project's own values are",
+        "# in its tether.toml.",
+    ]
+    current = None
+    for setting in all_settings(section):
+        if setting.section != current:
+            current = setting.section
+            lines += ["", f"[{current}]  {sections[current]}", ""]
+        kind = setting.type + (f"; GPU profile: {setting.gpu_default}" if setting.gpu_default else "")
+        lines.append(f"{setting.name} = {_shown(setting.default)}    ({kind})")
+        lines += textwrap.wrap(setting.help, width=width, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(line for line in lines if line is not None)
+
+
+def _type_name(hint: Any) -> str:
+    names = {str: "text", int: "integer", float: "number", bool: "true or false"}
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    name = " or ".join(names[o] for o in options if o is not type(None))
+    return name + ", may be unset" if type(None) in options else name
+
+
+def _gpu_default(value: Any, roomy: Any, small: Any) -> str | None:
+    if roomy == small == value:
+        return None
+    if roomy == small:
+        return _shown(roomy)
+    return f"{_shown(roomy)} from 40 GB of GPU memory, {_shown(small)} under"
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, str) and "\n" in value:
+        return f"{_toml_value(value.splitlines()[0])[:-1]} ...\" ({len(value.splitlines())} lines)"
+    return _toml_value(value)
