@@ -4,6 +4,9 @@ GRPO (Shao et al. 2024, DeepSeekMath) samples a group of responses to each promp
 group's mean reward as each response's baseline: no value model. The reward is the Bradley-Terry
 reward model's normalised score, less the missing-EOS and length penalties, as PPO scores its
 responses. The KL to the starting model (the base with every adapter off) stays in the loss.
+The reward model is loaded as a second model beside the policy's, where PPO shares one base
+among the policy, its value, its reference and the reward model: GRPO needs no value model but
+holds two copies of the base weights.
 """
 
 import tempfile
