@@ -107,7 +107,7 @@ def test_restore_never_overwrites_a_project_and_backup_never_overwrites_a_direct
     assert refused.returncode == 1 and "not empty" in refused.stderr
     not_a_backup = run_tether("restore", str(tmp_path / "busy"), "--project", str(tmp_path / "new"))
     assert not_a_backup.returncode == 1 and "is not a Tether backup" in not_a_backup.stderr
-    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.partial-*"))
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.*"))
 
 
 def test_restore_refuses_a_manifest_naming_paths_outside_the_backup(tiny_project, tmp_path):

@@ -1,8 +1,6 @@
 """The policy adapter of a TRL-trained round (DPO, GRPO): made or continued, then saved as plain PEFT."""
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +8,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
+from train.files import built_beside
 from train.models import uses_bf16
 from train.ppo import StepFn, load_adapter_weights
 
@@ -65,14 +64,6 @@ def save_adapter(trainer, out_dir: Path, settings_file: str, settings: dict[str,
     built beside out_dir and renamed into place."""
     # Mixed precision wraps forward in autocast; the saved adapter must be the plain float32 one.
     peft_model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        peft_model.save_pretrained(staging)  # the adapter named "default" lands in the folder itself
-        (staging / settings_file).write_text(json.dumps(settings, indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with built_beside(out_dir) as built:
+        peft_model.save_pretrained(built)  # the adapter named "default" lands in the folder itself
+        (built / settings_file).write_text(json.dumps(settings, indent=2) + "\n")

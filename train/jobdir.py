@@ -9,13 +9,14 @@
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from train.files import write_durably
 
 JOB_FILE = "job.json"
 EVENTS_FILE = "events.jsonl"
@@ -36,7 +37,7 @@ def write_job(job_dir: Path, kind: str, config: dict[str, Any], inputs: dict[str
         pq.write_table(table, path)
         hashes[name] = _sha256(path)
     job = {"kind": kind, "config": config, "inputs": hashes}
-    _write_atomically(job_dir / JOB_FILE, job)
+    write_durably(job_dir / JOB_FILE, json.dumps(job, indent=1))
     return job
 
 
@@ -79,7 +80,7 @@ def read_events(job_dir: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 
 def write_result(job_dir: Path, result: dict[str, Any]) -> None:
-    _write_atomically(job_dir / RESULT_FILE, result)
+    write_durably(job_dir / RESULT_FILE, json.dumps(result, indent=1))
 
 
 def read_result(job_dir: Path) -> dict[str, Any] | None:
@@ -96,9 +97,3 @@ def log_tail(job_dir: Path, lines: int = 20) -> str:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _write_atomically(path: Path, content: dict[str, Any]) -> None:
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(content, indent=1))
-    os.replace(staging, path)

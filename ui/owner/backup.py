@@ -7,17 +7,14 @@ version row exists, so they are copied after the snapshot, outside it.
 """
 
 import json
-import os
 import re
 import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from store.db import Connection, StoreError, open_database, utcnow
 from store.jobs import registered_adapter_paths
+from train.files import built_beside
 from ui.owner.project import CONFIG_FILE, DATABASE_FILE
 
 MANIFEST = "backup.json"
@@ -37,7 +34,8 @@ def backup(con: Connection, root: Path, dest: Path) -> Backup:
         raise StoreError(f"{dest} exists already: a backup goes into a new directory")
     if not dest.parent.is_dir():
         raise StoreError(f"{dest.parent} is not a directory")
-    with _made_whole(dest) as partial:
+    with built_beside(dest) as partial:
+        partial.mkdir(mode=0o700)  # the database holds password hashes: the backup is its owner's alone
         snapshot = con.cursor()  # its own connection: the snapshot is not blocked by, and does not block, votes
         try:
             snapshot.execute("ATTACH ? AS backup", [str(partial / DATABASE_FILE)])
@@ -73,8 +71,8 @@ def restore(src: Path, root: Path) -> Backup:
     for adapter in manifest["adapters"]:  # names from a file: nothing outside the backup is read, or outside root written
         if not ADAPTER_PATH.fullmatch(adapter):
             raise StoreError(f"{src / MANIFEST}: field 'adapters': {adapter!r} is not a version directory such as reward_models/v1")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with _made_whole(root) as partial:
+    with built_beside(root) as partial:
+        partial.mkdir(mode=0o700)  # as the backup was made
         for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
             if not (src / name).exists():
                 raise StoreError(f"{src} is incomplete: {name} is missing")
@@ -88,21 +86,6 @@ def restore(src: Path, root: Path) -> Backup:
         if missing:
             raise StoreError(f"{src} is incomplete: the database registers {', '.join(missing)}, which it does not hold")
     return Backup(votes, manifest["adapters"])
-
-
-@contextmanager
-def _made_whole(dest: Path) -> Iterator[Path]:
-    """A temporary directory beside `dest`, renamed to it once the block succeeds and removed if it fails,
-    so `dest` is never left half written."""
-    partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-    try:
-        yield partial
-        if dest.exists():
-            dest.rmdir()  # an empty directory the user made for it; rename needs it gone
-        os.rename(partial, dest)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
 
 
 def _database_name(con: Connection) -> str:

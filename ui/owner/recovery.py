@@ -18,6 +18,7 @@ from typing import Callable
 from store import Connection, transaction
 from store.db import utcnow
 from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
+from train.files import sync, write_durably
 from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
@@ -42,10 +43,10 @@ def register_adapter(con: Connection, project: Project, job: Job, adapter: Path,
     final.parent.mkdir(exist_ok=True)
     if final.exists():  # an unregistered leftover that reconcile has not seen yet: never overwritten
         set_aside(final, job_dir)
-    _write_durably(job_dir / INTENT_FILE, json.dumps({"target": str(target)}))
+    write_durably(job_dir / INTENT_FILE, json.dumps({"target": str(target)}))
     fault_point("after_intent")
-    adapter.rename(final)
-    _sync_directory(final.parent)
+    adapter.rename(final)  # the worker built it beside its place and synced it: only its name moves
+    sync(final.parent)
     fault_point("after_rename")
     with transaction(con):
         add_rows()
@@ -125,19 +126,3 @@ def stray_processes(job_dir: Path) -> list[int]:
             continue
     return strays
 
-
-def _write_durably(path: Path, text: str) -> None:
-    with path.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    _sync_directory(path.parent)
-
-
-def _sync_directory(path: Path) -> None:
-    """Make a rename or a new file in `path` survive a power cut, not only a killed process."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

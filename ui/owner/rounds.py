@@ -13,7 +13,6 @@ a better one as the newest version, so the next round starts from it.
 
 import re
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games, version_votes
+from train.files import built_beside
 from ui.owner.config import OPTIMIZERS
 from ui.owner.jobs import Run, is_held_back, run_here, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training
 from ui.owner.project import Project
@@ -305,16 +305,13 @@ def roll_back(project: Project, run: Run, version: int) -> Policy:
 
 
 def _copy_atomically(source: Path, target: Path) -> None:
-    """Copy a directory into a hidden sibling of `target`, then rename it into place: `target` is whole or absent."""
+    """Copy a directory to `target`, built beside it and renamed into place: `target` is whole or absent."""
     if target.exists():
         raise StoreError(f"{target} exists already: move it away, then roll back again")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    hidden = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        shutil.copytree(source, hidden, dirs_exist_ok=True)
-        hidden.rename(target)
+        with built_beside(target) as built:
+            shutil.copytree(source, built)
     except OSError as e:
-        shutil.rmtree(hidden, ignore_errors=True)
         raise StoreError(f"cannot copy the adapter {source} to {target}: {e}") from None
 
 

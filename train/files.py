@@ -1,0 +1,64 @@
+"""Putting a file or a directory in place whole: built beside its place, synced to disk, then renamed in.
+
+A rename within one directory is atomic, so a reader, or a process that starts after a crash,
+finds the old target or the new one, never a half-written one. The fsyncs before the rename make
+the content reach the disk before the name does, so that a power cut cannot leave a whole-looking
+but empty file either; the one after it makes the new name itself survive one.
+
+Standard library only: the worker, the owner and the export all use it, and the export must not
+wait for torch to import.
+"""
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+@contextmanager
+def built_beside(target: Path) -> Iterator[Path]:
+    """The path to build `target` at, a file or a directory that the block makes, inside a hidden directory beside it.
+
+    When the block ends, everything built is synced to disk and renamed to `target`, which may be
+    absent, a file (replaced) or an empty directory (replaced). Whether the block succeeds or
+    fails, the hidden directory is removed, so a failure leaves `target` as it was and nothing beside it.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        built = staging / target.name
+        yield built
+        for path in _tree(built):
+            sync(path)
+        os.rename(built, target)
+        sync(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_durably(path: Path, text: str, mode: int = 0o666) -> None:
+    """Replace the file at `path` with `text`, whole and synced; `mode` before the umask (0o600: its owner's alone)."""
+    with built_beside(path) as built:
+        built.touch(mode=mode)
+        built.write_text(text)
+
+
+def sync(path: Path) -> None:
+    """fsync a file, or a directory's entries (a file made or renamed in it), so that it survives a power cut."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _tree(path: Path) -> Iterator[Path]:
+    """`path` and, when it is a directory, every file and directory under it, each directory after its contents."""
+    if path.is_dir():
+        for parent, _, files in os.walk(path, topdown=False):
+            yield from (Path(parent) / name for name in files)
+            yield Path(parent)
+    else:
+        yield path
