@@ -5,6 +5,7 @@ never sees a completion's HTML run; an operator then sees the votes counted; and
 holds each vote against the completion that was on screen, whatever side it was shown on.
 """
 
+import dataclasses
 import json
 import re
 import time
@@ -346,23 +347,34 @@ def test_an_annotator_disabled_while_signed_in_has_the_next_vote_refused(browser
                            "AND expires_at > ?", [utcnow()]).fetchone()[0] == 0
 
 
-def make_rounds(project: Path, rounds: int = 3, prompts: int = 6) -> None:
-    """Finished rounds v0 → v1 → ... made through the store, each new policy's answers against its parent's
-    in cross-version pairs, with votes that mostly prefer the newer answer."""
+def make_rounds(project: Path, prompts: int = 6) -> None:
+    """Two finished rounds as real ones leave the database, without their training: v0 → v1 by PPO and
+    v1 → v2 by DPO, each with its job's settings (the project's own) and last statistics, the new policy's
+    answers against its parent's in cross-version pairs, and votes that mostly prefer the newer answer."""
     from store import open_database
     from store.completions import NewCompletion, NewPair, add_completions, add_pairs as add_pair_rows
     from store.db import utcnow
+    from store.jobs import add_job, add_metrics, finish_job
     from store.policies import add_policy
     from store.prompt_files import NewPrompt
     from store.prompts import add_prompts
     from store.rounds import add_round, finish_round, set_policy_to
+    from ui.owner.project import load_project
 
+    config = load_project(project).config
+    optimizers = {
+        1: ("ppo", dataclasses.asdict(config.ppo), {"score": 0.4, "kl": 0.8, "kl_to_start": 0.8, "finished": 0.75}),
+        2: ("dpo", dataclasses.asdict(config.dpo), {"loss": 0.6, "margin": 0.3, "accuracy": 0.7}),
+    }
     with closing(open_database(project / "tether.duckdb")) as con:
         add_prompts(con, [NewPrompt([{"role": "user", "content": f"Question {i}?"}], "test") for i in range(prompts)])
         prompt_ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
         answers = {0: add_completions(con, [NewCompletion(p, 0, f"v0 on {p}", 4, True, {}) for p in prompt_ids])}
-        for version in range(1, rounds + 1):
-            round_ = add_round(con, version - 1, None)
+        for version, (optimizer, settings, last_step) in optimizers.items():
+            round_ = add_round(con, version - 1, None, optimizer)
+            job = add_job(con, optimizer, {optimizer: settings}, round_.id)
+            add_metrics(con, job.id, [(1, {name: 0.0 for name in last_step}), (2, last_step)])
+            finish_job(con, job.id, "done", utcnow())
             add_policy(con, version, f"policies/v{version}", parent=version - 1, round=round_.id)
             answers[version] = add_completions(con, [NewCompletion(p, version, f"v{version} on {p}", 4, True, {}) for p in prompt_ids])
             add_pair_rows(con, [NewPair(p, new.id, old.id, "cross_version")
@@ -373,31 +385,46 @@ def make_rounds(project: Path, rounds: int = 3, prompts: int = 6) -> None:
             con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'olga', ?)", [pair_id, "b" if pair_id % 6 == 0 else "a"])
 
 
-def test_the_operator_views_show_their_data_on_opening_and_the_round_table_fits(browser, tiny_project):
+def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(browser, tiny_project):
     add_users(tiny_project, {"olga": "operator"})
     make_rounds(tiny_project)
     dialogs: list[str] = []
     server = RunningServer(tiny_project)
     try:
         page = open_page(browser, server.url, dialogs)
-        page.set_viewport_size({"width": 1400, "height": 900})
+        page.set_viewport_size({"width": 1280, "height": 800})
         sign_in(page, "olga")
         page.get_by_role("tab", name="Operator").click()
-        pairs = page.get_by_label("Pairs")
-        expect(pairs.get_by_text("done", exact=True)).to_be_visible()  # the Data view, without Refresh
+        expect(page.get_by_label("Pairs").get_by_text("done", exact=True)).to_be_visible()  # the Data view, without Refresh
         page.get_by_role("tab", name="Loop").click()
         rounds_table = page.get_by_role("grid", name=re.compile("^Rounds, newest first"))
-        expect(rounds_table.get_by_role("row")).to_have_count(4)  # the header and three rounds, without Refresh
-        expect(rounds_table.get_by_role("gridcell", name="v2 → v3", exact=True)).to_be_visible()
+        expect(rounds_table.get_by_role("row")).to_have_count(3)  # the header and both rounds, without Refresh
+        for round_id, policy in ((2, "v1 → v2"), (1, "v0 → v1")):
+            row = rounds_table.get_by_role("row").filter(has=page.get_by_role("gridcell", name=policy, exact=True))
+            expect(row).to_be_in_viewport()
+            cells = [cell.strip() for cell in row.get_by_role("gridcell").all_inner_texts()]
+            assert cells[0] == str(round_id) and re.fullmatch(r"\d+% \[\d+%, \d+%\]", cells[2]), cells  # the win rate
+        # Nothing is squeezed: every header is wide enough for a word, on the screen, and on one line, so the
+        # header row is no taller than a row of figures.
+        headers = rounds_table.get_by_role("columnheader")
+        expect(headers).to_have_count(7)
+        row_height = rounds_table.get_by_role("gridcell", name="v0 → v1", exact=True).bounding_box()["height"]
+        for header in headers.all():
+            box = header.bounding_box()
+            assert box["width"] >= 60 and box["x"] + box["width"] <= 1280 and box["height"] < 1.3 * row_height, (header.inner_text(), box)
+        # The settings are one click away; with no round running, there is nothing to cancel.
+        page.get_by_text("Settings of each round").click()
+        settings = page.get_by_role("grid", name="How each round ran, newest first")
+        expect(settings.get_by_role("gridcell", name=re.compile("^DPO: beta "))).to_be_visible()
+        expect(settings.get_by_role("gridcell", name=re.compile("^PPO: steps "))).to_be_visible()
+        expect(page.get_by_role("button", name="Cancel the round")).to_be_disabled()
+        # The newest round is DPO's: its curves are shown, and no table of PPO's samples.
+        expect(page.get_by_text("DPO loss", exact=True)).to_be_visible()
+        expect(page.get_by_text(re.compile("^Responses sampled"))).to_have_count(0)
         ratings = page.get_by_role("grid", name=re.compile("^Bradley-Terry ratings"))
-        for version in ("v0", "v1", "v2", "v3"):
+        for version in ("v0", "v1", "v2"):
             expect(ratings.get_by_role("gridcell", name=version, exact=True)).to_be_visible()
-        # Each round's verdict is on screen at 1400 px: the win-rate and votes columns are not cut off.
-        for header in ("win rate [95% CI]", "votes"):
-            box = rounds_table.get_by_role("columnheader", name=header, exact=True).bounding_box()
-            assert box is not None and box["x"] + box["width"] <= 1400, (header, box)
-        chosen = page.get_by_label("Reward model for the round")
-        expect(chosen).to_have_value("a new one, trained on every vote so far")
+        expect(page.get_by_label("Reward model for the round")).to_have_value("a new one, trained on every vote so far")
         expect(page.get_by_role("radio", name="PPO", exact=True)).to_be_checked()  # [round] optimizer
         for other in ("DPO", "GRPO"):
             expect(page.get_by_role("radio", name=other, exact=True)).not_to_be_checked()

@@ -18,7 +18,7 @@ from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
 from tests.test_rounds import short_training, vote_every_pair
-from ui.web.app import CURVES
+from ui.web.loop import CURVES
 from ui.owner.rounds import round_history, round_warnings
 
 PASSWORD = "password-123"
@@ -63,15 +63,16 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
         assert {"reward model", "PPO"} <= stages, seen
 
-        history, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
-        newest = newest_round(history)
+        history, settings, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
+        newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1"]
         assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
         assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended
         assert newest["optimizer and settings"].startswith("PPO: steps 3,")
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]
         assert reward_choices["choices"][1:] == [["v1", 1]]  # after "a new one"
-        assert len(samples["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["data"])
+        assert samples["visible"] and samples["label"] == "Responses sampled at PPO's latest step, round 1"
+        assert len(samples["value"]["data"]) == 3 and all(row[0] == 3 and row[1] for row in samples["value"]["data"])
         curves = shown_curves(plots)
         assert list(curves) == list(CURVES["ppo"].values())
         for title, points in curves.items():
@@ -85,8 +86,8 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         while token and votes < 50:
             token = annotator.predict(token, None, "", api_name="/vote_left")[0]
             votes += 1
-        history, scores, *_ = operator.predict(None, api_name="/rounds")
-        newest = newest_round(history)
+        history, settings, scores, *_ = operator.predict(None, api_name="/rounds")
+        newest = newest_round(history, settings)
         assert newest["votes"] == votes > 0
         assert newest["win rate [95% CI]"].endswith("]") and newest["length-controlled [95% CI]"].endswith("]")
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
@@ -101,11 +102,11 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
         wait_for_no_round(operator, seen)
         assert {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")} == {"DPO", "completions"}, seen
 
-        history, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
-        newest = newest_round(history)
+        history, settings, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
+        newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", ""]
         assert newest["optimizer and settings"].startswith("DPO: beta 0.1, votes latest, epochs 1,")
-        assert shown["value"] == 1 and samples["data"] == []  # DPO samples nothing while it trains
+        assert shown["value"] == 1 and not samples["visible"]  # DPO samples nothing while it trains: no table
         curves = shown_curves(plots)
         assert list(curves) == list(CURVES["dpo"].values())
         steps = [step for step, _ in curves["DPO loss"]]
@@ -120,8 +121,9 @@ def shown_curves(plots: list[dict]) -> dict[str, list[tuple[int, float]]]:
     return {plot["label"]: [tuple(row) for row in plot["value"]["data"]] for plot in plots if plot.get("visible", True)}
 
 
-def newest_round(history: dict) -> dict:
-    return dict(zip(history["headers"], history["data"][0]))
+def newest_round(history: dict, settings: dict) -> dict:
+    """The newest round's row of the round table, with its row of the settings table."""
+    return dict(zip(history["headers"], history["data"][0])) | dict(zip(settings["headers"], settings["data"][0]))
 
 
 def test_cancelling_a_round_stops_its_job_and_queues_nothing_after_it(tiny_project):
@@ -151,8 +153,8 @@ def test_the_scheduler_starts_a_round_after_n_new_comparisons(tiny_project):
         assert "the scheduler starts a round every 3 new comparisons" in operator.predict(api_name="/round_status")
         wait_for_no_round(operator, set())
         time.sleep(2)  # no new votes since round 1 started: no second round
-        history, *_ = operator.predict(None, api_name="/rounds")
-        assert [row[:2] for row in history["data"]] == [[1, "done"]]
+        _, settings, *_ = operator.predict(None, api_name="/rounds")
+        assert [row[:2] for row in settings["data"]] == [[1, "done"]]
     assert "every_comparisons = 3" in (tiny_project / "tether.toml").read_text()
 
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from annotate.export import export_preferences
 from annotate.queue import Action, LiveQueue, Outcome
 from store import StoreError
 from store.db import NotSaved, utcnow
 from store.jobs import Job
+from store.prompts import ImportResult, import_prompt_file
 from store.queue import release_leases
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.users import User, get_user, set_password_hash
@@ -137,6 +139,28 @@ class Server:
         config = self.project.config
         config.round = dataclasses.replace(config.round, every_comparisons=every)
         write_config(self.project.root / CONFIG_FILE, config)
+
+    def control_action(self, action: str, *args: Any) -> Any:
+        """Run one of control.ACTIONS here: for `tether` commands sent to this server, and for the Accounts view.
+
+        The backup reads a snapshot of its own beside the writer, so votes go on while it copies;
+        an account an action changed must sign in again.
+        """
+        run = self.snapshot if action in control.SNAPSHOT_ACTIONS else self.db
+        result = run(lambda con: control.ACTIONS[action](con, self.project, *args))
+        if action in control.ACCOUNT_ACTIONS:
+            self.account_changed(args[0])
+        return result
+
+    def import_prompts(self, path: str | Path) -> ImportResult:
+        """Add the prompts of a file; a bad row adds nothing."""
+        return self.db(import_prompt_file, Path(path))
+
+    def export(self, fmt: str, include_ties: bool, min_agreement: float | None) -> Path:
+        """Export the votes into a new folder of their own (see export_folder); return the file or directory written."""
+        out = self.export_folder() / ("preferences" if fmt == "hf" else f"preferences.{fmt}")
+        self.db(export_preferences, out, fmt, include_ties, min_agreement)
+        return out
 
     def account_changed(self, name: str) -> None:
         """After a new password or a disable: the account must sign in again wherever it is signed in.

@@ -1,0 +1,66 @@
+"""The Reward models view: train one on the votes, score completions with the newest, and each version's figures and curves."""
+
+import gradio as gr
+import pandas as pd
+
+from store.jobs import metric_series
+from store.reward_models import list_reward_models
+from ui.owner.jobs import submit_reward_training, submit_scoring
+from ui.owner.server import Server
+from ui.web.common import QUIET, figure, rounded, user_errors, with_error_ids
+
+VERSION_COLUMNS = ["version", "held-out accuracy", "train pairs", "held-out pairs", "truncated", "reward mean", "reward std", "pairs/s", "snapshot"]
+
+
+def build_reward_models(server: Server) -> None:
+    @with_error_ids
+    def train_reward_model(include_imported: bool, request: gr.Request) -> str:
+        server.operator(request.username)
+        with user_errors():
+            job = submit_reward_training(server.project, server.db, include_imported, read=server.snapshot)
+        return f"Queued job {job.id}: its progress shows under Jobs."
+
+    @with_error_ids
+    def score_completions(request: gr.Request) -> str:
+        server.operator(request.username)
+        with user_errors():
+            job = submit_scoring(server.project, server.db)
+        return f"Queued job {job.id}: its progress shows under Jobs."
+
+    @with_error_ids
+    def reward_models(run: int | None, request: gr.Request) -> tuple:
+        """The versions with their metrics, and the training curves of one run (the newest unless chosen)."""
+        server.operator(request.username)
+        versions = server.db(list_reward_models)
+        table = [
+            [rm.version, figure(rm.metrics.get("eval_accuracy"), percent=True), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"),
+             rm.metrics.get("truncated"), rounded(rm.metrics.get("reward_mean"), 3), rounded(rm.metrics.get("reward_std"), 3),
+             rounded(rm.metrics.get("pairs_per_second"), 2), rm.snapshot[:12]]
+            for rm in versions
+        ]
+        shown = next((rm for rm in versions if rm.version == run), versions[0] if versions else None)
+        curves = []
+        if shown is not None:
+            for name, label in (("loss", "loss"), ("train_accuracy", "batch accuracy")):
+                curves += [{"step": step, "value": value, "curve": label} for step, value in server.db(metric_series, shown.metrics["job"], name)]
+        choice = gr.update(choices=[rm.version for rm in versions], value=shown.version if shown else None)
+        return table, choice, pd.DataFrame(curves, columns=["step", "value", "curve"])
+
+    with gr.Tab("Reward models") as tab:
+        with gr.Row():
+            include_imported = gr.Checkbox(label="Also train on imported preference data")
+            train = gr.Button("Train a reward model")
+            score = gr.Button("Score completions with the newest")
+        queued = gr.Textbox(label="Result", interactive=False)
+        refresh = gr.Button("Refresh")
+        versions = gr.Dataframe(headers=VERSION_COLUMNS, label="Reward-model versions, newest first", interactive=False)
+        with gr.Row():
+            run = gr.Dropdown(label="Training run of version", choices=[], scale=1)
+            curves = gr.LinePlot(x="step", y="value", color="curve", title="Training loss and batch accuracy per step", scale=4)
+
+    train.click(train_reward_model, inputs=[include_imported], outputs=[queued], api_name="train_reward_model", api_visibility="undocumented")
+    score.click(score_completions, outputs=[queued], api_name="score_completions", api_visibility="undocumented")
+    shown = dict(inputs=[run], outputs=[versions, run, curves])
+    refresh.click(reward_models, **shown, api_name="reward_models", api_visibility="undocumented")
+    tab.select(reward_models, **shown, **QUIET)
+    run.input(reward_models, **shown, api_visibility="undocumented")
