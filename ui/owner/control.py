@@ -69,7 +69,7 @@ ACTIONS: dict[str, Callable[..., Any]] = {
 SERVER_ACTIONS: dict[str, Callable[[Any], Any]] = {
     "check_queue": lambda server: server.check_queue(),
 }
-# Actions that need no lock: the backup reads its own snapshot, so votes go on while it copies.
+# Actions that need no lock (Server.control_action): the backup reads its own snapshot, so votes go on while it copies.
 SNAPSHOT_ACTIONS = {"backup"}
 # Actions on an account (their first argument) after which it must sign in again.
 ACCOUNT_ACTIONS = {"set_disabled", "set_password"}
@@ -135,13 +135,10 @@ def routes(server: Any) -> list:
         if action not in ACTIONS:
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
         args = await request.json()
-        run = server.snapshot if action in SNAPSHOT_ACTIONS else server.db
         try:
-            result = await asyncio.to_thread(run, lambda con: ACTIONS[action](con, server.project, *args))
+            result = await asyncio.to_thread(server.control_action, action, *args)
         except StoreError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        if action in ACCOUNT_ACTIONS:
-            server.account_changed(args[0])
         return JSONResponse(result)
 
     return [Route(ROUTE, control, methods=["POST"])]
