@@ -10,10 +10,26 @@ from typing import Any, Callable
 
 from store.db import Connection, transaction
 from store.queue import (
-    ORDERINGS, Assignment, OpenPair, QueueError, close_leases, insert_leases, insert_skips, lease_record, new_token,
+    Assignment, Lease, OpenPair, QueueError, close_leases, insert_leases, insert_skips, lease_record, new_token,
     open_leases, open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
 )
 from store.votes import Vote, checked_comment, earlier_vote, insert_votes, stored_choice, vote_row
+
+
+# Each strategy's order as a sort key; the random part breaks ties.
+SORT_KEYS: dict[str, Callable[[OpenPair, float], tuple]] = {
+    "random": lambda pair, r: (r,),
+    "newest_policy_first": lambda pair, r: (-pair.newest_policy, r),
+    "uncertain": lambda pair, r: (math.inf if pair.reward_gap is None else pair.reward_gap, r),
+}
+
+
+# Why a vote or a skip is refused, each reason in one place. "here is another": the reply shows the next pair.
+NOT_YOURS = "this pair was not served to you"
+RETIRED = "this pair was retired; here is another"
+TAKEN = "your time on this pair ran out and others have answered it; here is another"
+SKIPPED = "you skipped this pair"
+ANSWERED = "you have answered this pair already"
 
 
 @dataclass
@@ -29,8 +45,8 @@ class QueueConfig:
     overlap_votes: int = field(default=2, metadata={"help": "Votes wanted on each overlapped pair."})
 
     def __post_init__(self):
-        if self.strategy not in ORDERINGS:
-            raise ValueError(f"strategy must be one of {', '.join(ORDERINGS)}, got {self.strategy!r}")
+        if self.strategy not in SORT_KEYS:
+            raise ValueError(f"strategy must be one of {', '.join(SORT_KEYS)}, got {self.strategy!r}")
         if self.lease_seconds < 1:
             raise ValueError(f"lease_seconds must be at least 1, got {self.lease_seconds}")
         if not 0 <= self.overlap_share <= 1:
@@ -42,14 +58,6 @@ class QueueConfig:
         return self.overlap_votes if random.random() < self.overlap_share else 1
 
 
-# Each strategy's order as a sort key; the random part breaks ties, as random() does in the SQL.
-SORT_KEYS: dict[str, Callable[[OpenPair, float], tuple]] = {
-    "random": lambda pair, r: (r,),
-    "newest_policy_first": lambda pair, r: (-pair.newest_policy, r),
-    "uncertain": lambda pair, r: (math.inf if pair.reward_gap is None else pair.reward_gap, r),
-}
-
-
 @dataclass(slots=True)
 class _Pair:
     prompt_id: int
@@ -58,23 +66,12 @@ class _Pair:
     votes_wanted: int
     votes: int
     key: tuple
-    live: int = 0  # leases not closed and not run out
+    live: int = 0  # leases live: not closed and not run out
     leases: list[str] = field(default_factory=list)  # leases not closed, run out or not
 
     @property
     def room(self) -> int:
         return self.votes_wanted - self.votes - self.live
-
-
-@dataclass(slots=True)
-class _Lease:
-    token: str
-    pair_id: int
-    annotator: str
-    served_at: datetime
-    expires_at: datetime
-    shown_left: int
-    live: bool
 
 
 @dataclass(frozen=True)
@@ -87,6 +84,8 @@ class Action:
     choice: str = ""  # a vote's side of the screen, 'tie' or 'both_bad'
     strength: str | None = None
     comment: str | None = None
+    source: str = "app"  # stored with a vote: 'app' for people, 'simulate' for simulated annotators
+    serve_next: bool = True  # lease the annotator's next pair after a vote or skip (one who stops wants none)
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class _Showing:
-    lease: _Lease
+    lease: Lease
     prompt_id: int
     left: int
     right: int
@@ -108,13 +107,13 @@ class _Showing:
 class _Writes:
     """What a batch of actions stores, all written after its last action."""
 
-    leases: list[_Lease] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
     votes: list[tuple] = field(default_factory=list)  # vote_row each
     skips: list[tuple[int, str]] = field(default_factory=list)
     closed: dict[str, tuple[str, Vote | None]] = field(default_factory=dict)  # token: annotator, and the vote or None for a skip
 
     def store(self, con: Connection, now: datetime) -> None:
-        insert_leases(con, [(x.pair_id, x.annotator, x.served_at, x.shown_left, x.token, x.expires_at) for x in self.leases])
+        insert_leases(con, self.leases)
         insert_votes(con, self.votes)
         insert_skips(con, self.skips, now)
         close_leases(con, list(self.closed), now)
@@ -144,7 +143,8 @@ class LiveQueue:
 
     def _rebuild(self, con: Connection, now: datetime) -> None:
         self.pairs: dict[int, _Pair] = {}
-        self.leases: dict[str, _Lease] = {}
+        self.leases: dict[str, Lease] = {}  # not closed, on pairs held here
+        self.live: set[str] = set()  # tokens of the leases not run out
         self.expiries: list[tuple[datetime, str]] = []  # a heap of the live leases' ends
         self.seen: dict[str, set[int]] = defaultdict(set)  # per annotator, pairs still held here
         self.leased_to: dict[str, list[str]] = defaultdict(list)  # per annotator, leases not closed
@@ -155,10 +155,9 @@ class LiveQueue:
         self.day = now.date()
         self.votes_on_day: Counter[str] = Counter(votes_by_annotator_since(con, datetime.combine(self.day, time())))
         self._add_pairs(con, now)
-        for record in sorted(open_leases(con), key=lambda r: r.served_at):
-            if record.pair_id in self.pairs:
-                self._hold(_Lease(record.token, record.pair_id, record.annotator, record.served_at,
-                                        record.expires_at, record.shown_left, record.expires_at > now))
+        for lease in sorted(open_leases(con), key=lambda x: x.served_at):
+            if lease.pair_id in self.pairs:
+                self._hold(lease, live=lease.expires_at > now)
         self._stale = False
 
     def add_new_pairs(self, con: Connection, now: datetime) -> int:
@@ -229,7 +228,8 @@ class LiveQueue:
                 vote = self._vote(con, writes, action, now)
             elif action.kind == "skip":
                 self._skip(con, writes, action)
-            return vote, self._lease_for(writes, action.annotator, now), ""
+            showing = self._lease_for(writes, action.annotator, now) if action.kind == "serve" or action.serve_next else None
+            return vote, showing, ""
         except QueueError as e:  # raised before anything changed
             return None, None, str(e)
 
@@ -240,13 +240,13 @@ class LiveQueue:
         if lease is None:
             return self._answered_before(con, writes, action)
         if lease.annotator != action.annotator:
-            raise QueueError("this pair was not served to you")
+            raise QueueError(NOT_YOURS)
         pair = self.pairs[lease.pair_id]
-        if not lease.live and pair.room <= 0:
-            raise QueueError("your time on this pair ran out and others have answered it; here is another")
+        if lease.token not in self.live and pair.room <= 0:
+            raise QueueError(TAKEN)
         choice = stored_choice(action.choice, lease.shown_left == pair.completion_a)
         writes.votes.append(vote_row(lease.pair_id, action.annotator, choice, action.strength, comment,
-                                     now - lease.served_at, lease.token, "app", now))
+                                     now - lease.served_at, lease.token, action.source, now))
         writes.closed[lease.token] = (action.annotator, Vote(lease.pair_id, choice, repeated=True))
         self._close(lease)
         self._adjust(lease.pair_id, votes=1)
@@ -262,7 +262,7 @@ class LiveQueue:
         if lease is None:
             self._answered_before(con, writes, action)
         if lease.annotator != action.annotator:
-            raise QueueError("this pair was not served to you")
+            raise QueueError(NOT_YOURS)
         writes.skips.append((lease.pair_id, action.annotator))
         writes.closed[lease.token] = (action.annotator, None)
         self._close(lease)
@@ -270,41 +270,41 @@ class LiveQueue:
     def _answered_before(self, con: Connection, writes: _Writes, action: Action) -> Vote:
         """For a token that is not an open lease here: the vote stored with it (a double submit stores
         nothing new), or why it cannot be answered, from this batch or the database."""
-        closed = "you skipped this pair" if action.kind == "vote" else "you have answered this pair already"
+        closed = SKIPPED if action.kind == "vote" else ANSWERED
         if action.token in writes.closed:
             annotator, vote = writes.closed[action.token]
             if annotator != action.annotator:
-                raise QueueError("this pair was not served to you")
+                raise QueueError(NOT_YOURS)
             if vote is None or action.kind != "vote":
                 raise QueueError(closed)
             return vote
         if action.kind == "vote" and (vote := earlier_vote(con, action.annotator, action.token)):
             return vote
-        record = lease_record(con, action.token)
-        if record is None or record.annotator != action.annotator:
-            raise QueueError("this pair was not served to you")
-        if record.retired:
-            raise QueueError("this pair was retired; here is another")
-        if record.closed:
+        stored = lease_record(con, action.token)
+        if stored is None or stored.annotator != action.annotator:
+            raise QueueError(NOT_YOURS)
+        if stored.retired:
+            raise QueueError(RETIRED)
+        if stored.closed:
             raise QueueError(closed)
-        raise QueueError("your time on this pair ran out and others have answered it; here is another")
+        raise QueueError(TAKEN)
 
     def _lease_for(self, writes: _Writes, annotator: str, now: datetime) -> _Showing | None:
         """The annotator's open lease if they have one, else a new lease on the next pair in order."""
         for token in reversed(self.leased_to.get(annotator, [])):  # the newest first
-            if self.leases[token].live:
+            if token in self.live:
                 return self._showing(self.leases[token])
         pair_id = self._next_pair_for(annotator)
         if pair_id is None:
             return None
         pair = self.pairs[pair_id]
         shown_left = random.choice([pair.completion_a, pair.completion_b])
-        lease = _Lease(new_token(), pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left, True)
+        lease = Lease(new_token(), pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left)
         writes.leases.append(lease)
-        self._hold(lease)
+        self._hold(lease, live=True)
         return self._showing(lease)
 
-    def _showing(self, lease: _Lease) -> _Showing:
+    def _showing(self, lease: Lease) -> _Showing:
         pair = self.pairs[lease.pair_id]
         right = pair.completion_b if lease.shown_left == pair.completion_a else pair.completion_a
         return _Showing(lease, pair.prompt_id, lease.shown_left, right)
@@ -331,7 +331,7 @@ class LiveQueue:
         """The annotator's leases run out now (the account was disabled), so their pairs go back to the queue."""
         for token in self.leased_to.get(annotator, []):
             lease = self.leases[token]
-            if lease.live:
+            if token in self.live:
                 lease.expires_at = now
                 self._end_live(lease)
 
@@ -354,32 +354,32 @@ class LiveQueue:
             order[self.head:end] = [p for p in order[self.head:end] if p in pairs]
         return chosen
 
-    def _hold(self, lease: _Lease) -> None:
+    def _hold(self, lease: Lease, live: bool) -> None:
         self.leases[lease.token] = lease
         self.pairs[lease.pair_id].leases.append(lease.token)
         self.leased_to[lease.annotator].append(lease.token)
         self.seen[lease.annotator].add(lease.pair_id)
-        if lease.live:
+        if live:
+            self.live.add(lease.token)
             heapq.heappush(self.expiries, (lease.expires_at, lease.token))
             self._adjust(lease.pair_id, live=1)
 
-    def _close(self, lease: _Lease) -> None:
+    def _close(self, lease: Lease) -> None:
         del self.leases[lease.token]
         self.pairs[lease.pair_id].leases.remove(lease.token)
         self.leased_to[lease.annotator].remove(lease.token)
-        if lease.live:
-            lease.live = False
-            self._adjust(lease.pair_id, live=-1)
+        if lease.token in self.live:
+            self._end_live(lease)
 
-    def _end_live(self, lease: _Lease) -> None:
-        lease.live = False
+    def _end_live(self, lease: Lease) -> None:
+        self.live.discard(lease.token)
         self._adjust(lease.pair_id, live=-1)
 
     def _run_out(self, now: datetime) -> None:
         while self.expiries and self.expiries[0][0] <= now:
             _, token = heapq.heappop(self.expiries)
             lease = self.leases.get(token)
-            if lease is not None and lease.live and lease.expires_at <= now:
+            if lease is not None and token in self.live and lease.expires_at <= now:
                 self._end_live(lease)
 
     def _adjust(self, pair_id: int, votes: int = 0, live: int = 0) -> None:
@@ -394,6 +394,7 @@ class LiveQueue:
             for token in pair.leases:  # run out: a late vote on one is refused from the database's record
                 lease = self.leases.pop(token)
                 self.leased_to[lease.annotator].remove(token)
+                self.live.discard(token)
 
     def state(self, now: datetime) -> dict[str, Any]:
         """What this queue holds, in a form to compare with another: to check it against a rebuild."""
@@ -401,7 +402,7 @@ class LiveQueue:
         seen = {a: sorted(p for p in pairs if p in self.pairs) for a, pairs in sorted(self.seen.items())}
         return {
             "pairs": {i: [p.votes, p.votes_wanted, p.live, sorted(p.leases)] for i, p in sorted(self.pairs.items())},
-            "leases": {t: [x.pair_id, x.annotator, x.live] for t, x in sorted(self.leases.items())},
+            "leases": {t: [x.pair_id, x.annotator, t in self.live] for t, x in sorted(self.leases.items())},
             "leased_to": {a: sorted(tokens) for a, tokens in sorted(self.leased_to.items()) if tokens},
             "seen": {a: pairs for a, pairs in seen.items() if pairs},
             "available": self.available,

@@ -1,7 +1,7 @@
 """Simulated annotators: votes from a judge plus noise, cast the way people cast them.
 
-They take pairs from the same queue as people do (a lease per pair, the overlap the queue
-config asks for) and answer through the same vote path, with source 'simulate'. The judge,
+They take pairs from the queue people are served from (`LiveQueue`: a lease per pair, the overlap
+the queue config asks for) and vote through it as people do, with source 'simulate'. The judge,
 without noise, also compares two policies' answers to held-out evaluation prompts.
 """
 
@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from annotate.judges import Judge, prefers_first, sigmoid
-from annotate.queue import QueueConfig
+from annotate.queue import Action, LiveQueue, QueueConfig
 from annotate.ratings import wilson_interval
-from store.db import utcnow
-from store.queue import serve
-from store.votes import record_vote
+from store.db import Connection, utcnow
 
 Messages = list[dict[str, str]]
 Run = Callable[..., Any]  # runs a store function on the database
@@ -43,8 +41,15 @@ def cast_votes(
     run: Run, queue: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random,
     votes: Votes | None = None,
 ) -> Votes:
-    """Up to `labels` votes by the simulated annotators in turn, fewer when no one has a pair left, added to `votes`."""
-    votes = votes or Votes()
+    """Up to `labels` votes by the simulated annotators in turn, fewer when no one has a pair left, added to `votes`.
+
+    One call of `run`, so one connection for the whole session, and the queue is loaded once."""
+    return run(_cast_votes, queue, judge, noise, annotators, labels, rng, votes or Votes())
+
+
+def _cast_votes(con: Connection, config: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int,
+                rng: random.Random, votes: Votes) -> Votes:
+    queue = LiveQueue.load(con, config, utcnow())
     goal = votes.cast + labels
     idle = set()  # annotators the queue had nothing for
     turn = 0
@@ -53,14 +58,18 @@ def cast_votes(
         turn += 1
         if annotator in idle:
             continue
-        assignment = run(serve, annotator, queue.strategy, queue.lease_seconds, utcnow())
+        (served,) = queue.act(con, [Action("serve", annotator)], utcnow())
+        assignment = served.assignment
         if assignment is None:
             idle.add(annotator)
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
         margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
-        left = prefers_first(margin, noise, rng)
-        run(record_vote, annotator, assignment.token, "left" if left else "right", None, None, utcnow(), "simulate")
+        choice = "left" if prefers_first(margin, noise, rng) else "right"
+        # serve_next=False: the annotator's next pair is served on its next turn, so none is left leased at the end.
+        (voted,) = queue.act(con, [Action("vote", annotator, assignment.token, choice, source="simulate", serve_next=False)], utcnow())
+        if voted.refused:
+            raise RuntimeError(f"a simulated vote was refused: {voted.refused}")
         votes.cast += 1
         votes.agreement += 0.5 if margin == 0 else 1.0 if noise == 0 else sigmoid(abs(margin) / noise)
     return votes

@@ -48,14 +48,13 @@ import httpx
 
 from annotate.pairs import add_completions_with_pairs
 from annotate.queue import QueueConfig
+from annotate.simulate import cast_votes
 from store import open_database, transaction
 from store.completions import NewCompletion
 from store.db import utcnow
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
-from store.queue import serve
 from store.users import add_user
-from store.votes import record_vote
 from ui.owner.auth import hash_password
 from ui.owner.project import DATABASE_FILE, init_project
 
@@ -117,19 +116,21 @@ def tiny_model(path: Path) -> str:
     return str(path.resolve())
 
 
+def coin_judge(prompt: str, text: str) -> float:
+    """A judge to whom every answer is as good: a noiseless simulated annotator flips a coin."""
+    return 0.0
+
+
 def copy_project(cached: Path, root: Path, annotators: int, seed_votes: int = 0) -> Path:
     """A copy to vote in, with annotator00.., the browser's account and an operator, and `seed_votes` votes
-    cast through the store as the app casts them (a reward-model job needs some to train on)."""
+    by simulated annotators flipping a coin (a reward-model job needs some to train on)."""
     shutil.copytree(cached, root)
     password_hash = hash_password(PASSWORD)  # one hash for all: each sign-in still verifies it
     names = [annotator_name(i) for i in range(annotators)]
     with closing(open_database(root / DATABASE_FILE)) as con:
         for name in [*names, BROWSER, OPERATOR]:
             add_user(con, name, "operator" if name == OPERATOR else "annotator", password_hash, "bench_serve", utcnow())
-        for i in range(seed_votes):
-            name = names[i % len(names)]
-            assignment = serve(con, name, "random", 600, utcnow())
-            record_vote(con, name, assignment.token, random.choice(("left", "right")), None, None, utcnow(), "simulate")
+        cast_votes(lambda fn, *args: fn(con, *args), QueueConfig(), coin_judge, 0.0, names, seed_votes, random.Random())
     return root
 
 

@@ -224,3 +224,59 @@ def shipping_sampling_defaults(model_dir: Path, tmp_path: Path) -> Path:
     generation = json.loads((copy / "generation_config.json").read_text()) if (copy / "generation_config.json").exists() else {}
     (copy / "generation_config.json").write_text(json.dumps(generation | {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}))
     return copy
+
+
+def act(queue, con, action, now):
+    """One action on a LiveQueue, as a batch of one, as the server does it; a refusal raised as QueueError."""
+    from store.queue import QueueError
+
+    (outcome,) = queue.act(con, [action], now)
+    if outcome.refused:
+        raise QueueError(outcome.refused)
+    return outcome
+
+
+def serve(queue, con, annotator: str, now):
+    """The pair to show the annotator: their open lease, or a new one; None when none is left for them."""
+    from annotate.queue import Action
+
+    return act(queue, con, Action("serve", annotator), now).assignment
+
+
+def vote(queue, con, annotator: str, token: str, choice: str, strength, comment, now):
+    """The vote stored (or found stored), and the next pair to show."""
+    from annotate.queue import Action
+
+    outcome = act(queue, con, Action("vote", annotator, token, choice, strength, comment), now)
+    return outcome.vote, outcome.assignment
+
+
+def skip(queue, con, annotator: str, token: str, now):
+    """Skip the pair; returns the next pair to show."""
+    from annotate.queue import Action
+
+    return act(queue, con, Action("skip", annotator, token), now).assignment
+
+
+def vote_through_queue(con, annotator: str, choose: Callable | None = None, now=None) -> int:
+    """Vote on every pair the queue serves `annotator`, through `LiveQueue` as the server does; returns the votes.
+    `choose(assignment)` gives the screen choice, strength and comment: 'left' with neither unless given."""
+    from annotate.queue import LiveQueue, QueueConfig
+    from store.db import utcnow
+
+    now = now or utcnow()
+    queue = LiveQueue.load(con, QueueConfig(), now)
+    assignment, votes = serve(queue, con, annotator, now), 0
+    while assignment is not None:
+        choice, strength, comment = choose(assignment) if choose else ("left", None, None)
+        _, assignment = vote(queue, con, annotator, assignment.token, choice, strength, comment, now)
+        votes += 1
+    return votes
+
+
+def vote_every_pair(project: Path, annotator: str = "tester") -> int:
+    """Vote 'left' on every pair through the queue, as the app does; returns the votes."""
+    from store import open_database
+
+    with closing(open_database(project / "tether.duckdb")) as con:
+        return vote_through_queue(con, annotator)

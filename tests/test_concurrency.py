@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 from gradio_client import Client
 
+from annotate.queue import Action, LiveQueue, QueueConfig
 from store import open_database
-from store.queue import serve
 from tests.conftest import RunningServer, add_pairs, add_users, run_tether
 
 ANNOTATORS = 16
@@ -120,9 +120,11 @@ def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
         open_leases = con.execute("SELECT count(*) FROM assignments WHERE closed_at IS NULL AND expires_at > ?", [now]).fetchone()[0]
         assert open_leases == 0
         served = set()
-        while (assignment := serve(con, "newcomer", "random", 600, now)) is not None:
-            served.add(assignment.pair_id)
-            con.execute("UPDATE assignments SET closed_at = ? WHERE token = ?", [now, assignment.token])
+        queue = LiveQueue.load(con, QueueConfig(), now)
+        (outcome,) = queue.act(con, [Action("serve", "newcomer")], now)
+        while outcome.assignment is not None:  # every pair the newcomer can be served, each skipped for the next
+            served.add(outcome.assignment.pair_id)
+            (outcome,) = queue.act(con, [Action("skip", "newcomer", outcome.assignment.token)], now)
         still_wanted = {
             row[0] for row in con.execute(
                 "SELECT p.id FROM pairs p WHERE list_contains(?, p.id) AND (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id) < p.votes_wanted",

@@ -18,9 +18,7 @@ from store import open_database, transaction
 from store.completions import NewCompletion, NewPair, add_completions, add_pairs
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts, prompts_to_generate
-from store.queue import serve
-from store.votes import record_vote
-from tests.conftest import run_tether
+from tests.conftest import run_tether, vote_through_queue
 
 START = datetime(2025, 3, 1, 9, 0)
 STRENGTHS = ("much", "slight", None)
@@ -47,14 +45,13 @@ def build(project: Path, plans: list[list[str]], policy: int | None = 0) -> list
             ids = [(prompt_id, a.id, b.id) for prompt_id, a, b in zip(prompt_ids, completions[0::2], completions[1::2])]
             add_pairs(con, [NewPair(p, a, b, "test", len(plan)) for (p, a, b), plan in zip(ids, plans)])
         for i in range(max(len(plan) for plan in plans)):
-            annotator, now = f"annotator{i}", START + timedelta(hours=i)
-            while (assignment := serve(con, annotator, "random", 600, now)) is not None:
-                k = int(assignment.left_text.split()[1])
-                choice = plans[k][i]
+            def choose(assignment, i=i):
+                choice = plans[int(assignment.left_text.split()[1])][i]
                 screen = {"a": "left" if assignment.left_text.endswith("A") else "right"}
                 screen["b"] = "right" if screen["a"] == "left" else "left"
-                comment = "ünïcode, 好" if i == 0 else None
-                record_vote(con, annotator, assignment.token, screen.get(choice, choice), STRENGTHS[i % 3], comment, now)
+                return screen.get(choice, choice), STRENGTHS[i % 3], "ünïcode, 好" if i == 0 else None
+
+            vote_through_queue(con, f"annotator{i}", choose, START + timedelta(hours=i))
     return ids
 
 

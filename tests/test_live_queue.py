@@ -1,4 +1,4 @@
-"""The queue the server keeps in memory, checked against the database: the SQL queue's answers and a rebuild."""
+"""The queue the server keeps in memory, checked against the database: counts in SQL and a rebuild."""
 
 import random
 from contextlib import closing
@@ -7,12 +7,11 @@ from datetime import datetime, timedelta
 import duckdb
 import pytest
 
-from annotate.queue import Action, LiveQueue, Outcome, QueueConfig
+from annotate.queue import Action, LiveQueue, QueueConfig
 from store import open_database
 from store.queue import QueueError
-from store.queue import pairs_left as pairs_left_in_sql
 from store.stats import pair_states
-from tests.conftest import add_pairs
+from tests.conftest import add_pairs, serve, skip, vote
 
 NOW = datetime(2026, 11, 21, 12, 0, 0)
 LEASE = 60
@@ -30,31 +29,27 @@ def stored_votes(con) -> int:
     return con.execute("SELECT count(*) FROM comparisons").fetchone()[0]
 
 
-def one(queue, con, action, now) -> Outcome:
-    """One action, as a batch of one; a refusal raised."""
-    (outcome,) = queue.act(con, [action], now)
-    if outcome.refused:
-        raise QueueError(outcome.refused)
-    return outcome
-
-
-def serve(queue, con, annotator, now):
-    return one(queue, con, Action("serve", annotator), now).assignment
-
-
-def vote(queue, con, annotator, token, choice, strength, comment, now):
-    outcome = one(queue, con, Action("vote", annotator, token, choice, strength, comment), now)
-    return outcome.vote, outcome.assignment
-
-
-def skip(queue, con, annotator, token, now):
-    return one(queue, con, Action("skip", annotator, token), now).assignment
+def pairs_left_in_sql(con, annotator, now) -> int:
+    """Pairs the annotator could still be served, by the definition the queue in memory must meet: live, never
+    served to them (so never skipped or voted on by them), and short of votes counting the leases others hold now."""
+    return con.execute(
+        """
+        SELECT count(*) FROM pairs p
+        WHERE NOT p.retired
+          AND NOT EXISTS (SELECT 1 FROM assignments s WHERE s.pair_id = p.id AND s.annotator = $annotator)
+          AND NOT EXISTS (SELECT 1 FROM comparisons c WHERE c.pair_id = p.id AND c.annotator = $annotator)
+          AND (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id)
+              + (SELECT count(*) FROM assignments s WHERE s.pair_id = p.id AND s.closed_at IS NULL AND s.expires_at > $now)
+              < p.votes_wanted
+        """,
+        {"annotator": annotator, "now": now},
+    ).fetchone()[0]
 
 
 @pytest.mark.parametrize("batch_size", [1, 6])
 def test_random_work_leaves_the_queue_as_the_database_says(con, batch_size):
     """Serves, votes (late, repeated, on others' pairs), skips and lapsed leases, in random order and in batches
-    as the server groups them: after each batch, every annotator's pairs left equal the SQL queue's count, and
+    as the server groups them: after each batch, every annotator's pairs left equal the count in SQL, and
     the queue equals one rebuilt from the database."""
     rng = random.Random(7)
     random.seed(7)  # the queue's own draws (order, sides): the same run every time
