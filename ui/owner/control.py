@@ -19,6 +19,7 @@ import httpx
 
 from store.db import Connection, StoreError, utcnow
 from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
+from train.files import write_durably
 from ui.owner.backup import backup
 from ui.owner.project import Project
 
@@ -103,12 +104,7 @@ def _running_server(project: Project) -> dict | None:
 
 def announce(project: Project, url: str, token: str) -> None:
     """Write the server file for this process: where it listens, and the token requests must carry."""
-    path = project.root / SERVER_FILE
-    partial = path.with_suffix(".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "pid": os.getpid(), "token": token}, f)
-    os.replace(partial, path)
+    write_durably(project.root / SERVER_FILE, json.dumps({"url": url, "pid": os.getpid(), "token": token}), mode=0o600)
 
 
 def withdraw(project: Project) -> None:
