@@ -8,8 +8,6 @@ choice included, for those who want to resolve or weight votes themselves.
 """
 
 import json
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +19,15 @@ import pyarrow.parquet as pq
 from annotate.agreement import agreement_share, majority
 from store import Connection, StoreError
 from store.export import CastVote, VotedPair, voted_pairs
-
-_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+from train.files import built_beside
+from train.snapshot import MESSAGES, PreferenceRow, assistant, conversational
 
 # Explicit column types, so that a column that happens to be all null (no policy versions for
 # imported completions, no strengths) keeps its type in Parquet and in a datasets directory.
 PREFERENCE_SCHEMA = pa.schema([
-    ("prompt", _MESSAGES),
-    ("chosen", _MESSAGES),
-    ("rejected", _MESSAGES),
+    ("prompt", MESSAGES),
+    ("chosen", MESSAGES),
+    ("rejected", MESSAGES),
     ("pair_id", pa.int64()),
     ("prompt_id", pa.int64()),
     ("chosen_completion_id", pa.int64()),
@@ -45,9 +43,9 @@ PREFERENCE_SCHEMA = pa.schema([
 ])
 
 RAW_SCHEMA = pa.schema([
-    ("prompt", _MESSAGES),
-    ("completion_a", _MESSAGES),
-    ("completion_b", _MESSAGES),
+    ("prompt", MESSAGES),
+    ("completion_a", MESSAGES),
+    ("completion_b", MESSAGES),
     ("choice", pa.string()),  # 'a', 'b', 'tie' or 'both_bad'
     ("strength", pa.string()),
     ("comment", pa.string()),
@@ -109,8 +107,9 @@ def export_preferences(
     if include_ties:
         rows, schema = [_raw_row(pair, vote) for pair in kept for vote in pair.votes], RAW_SCHEMA
     else:
-        rows, schema = [_preference_row(pair) for pair in kept], PREFERENCE_SCHEMA
-    _write_atomically(rows, schema, out, WRITERS[fmt])
+        rows, schema = [_export_row(pair) for pair in kept], PREFERENCE_SCHEMA
+    with built_beside(out) as built:  # a failed export leaves nothing behind
+        WRITERS[fmt](rows, schema, built)
     return ExportResult(
         rows=len(rows),
         pairs=len(kept),
@@ -121,38 +120,45 @@ def export_preferences(
     )
 
 
-def preference_rows(con: Connection, include_imported: bool = True) -> list[dict[str, Any]]:
+def preference_rows(con: Connection, include_imported: bool = True) -> list[PreferenceRow]:
     """The majority-resolved preference rows (ties, both-bad and unresolved pairs left out),
-    as the preference export writes them: what a reward model trains on."""
+    those the preference export writes: what a reward model trains on."""
     rows = []
     for pair in voted_pairs(con):
         if not include_imported and all(vote.source == "import" for vote in pair.votes):
             continue
         if majority([vote.choice for vote in pair.votes]) in ("a", "b"):
-            rows.append(_preference_row(pair))
+            rows.append(_resolved(pair))
     return rows
 
 
-def _assistant(text: str) -> list[dict[str, str]]:
-    return [{"role": "assistant", "content": text}]
+def _resolved(pair: VotedPair) -> PreferenceRow:
+    """A pair whose majority is 'a' or 'b', as its chosen and rejected completions."""
+    a_won = majority([vote.choice for vote in pair.votes]) == "a"
+    a = (pair.text_a, pair.finished_a, pair.completion_a, pair.policy_a)
+    b = (pair.text_b, pair.finished_b, pair.completion_b, pair.policy_b)
+    (chosen, chosen_finished, chosen_id, chosen_policy), (rejected, rejected_finished, rejected_id, rejected_policy) = (
+        (a, b) if a_won else (b, a)
+    )
+    return PreferenceRow(
+        pair.prompt, chosen, rejected, chosen_finished, rejected_finished, pair_id=pair.pair_id, prompt_id=pair.prompt_id,
+        chosen_completion_id=chosen_id, rejected_completion_id=rejected_id, chosen_policy=chosen_policy, rejected_policy=rejected_policy,
+    )
 
 
-def _preference_row(pair: VotedPair) -> dict[str, Any]:
+def _export_row(pair: VotedPair) -> dict[str, Any]:
+    """The resolved pair in TRL's conversational format, with its votes."""
+    row = _resolved(pair)
     winner = majority([vote.choice for vote in pair.votes])
-    a = (pair.completion_a, pair.text_a, pair.policy_a)
-    b = (pair.completion_b, pair.text_b, pair.policy_b)
-    (chosen_id, chosen_text, chosen_policy), (rejected_id, rejected_text, rejected_policy) = (a, b) if winner == "a" else (b, a)
     backing = [vote for vote in pair.votes if vote.choice == winner]
     return {
-        "prompt": pair.prompt,
-        "chosen": _assistant(chosen_text),
-        "rejected": _assistant(rejected_text),
-        "pair_id": pair.pair_id,
-        "prompt_id": pair.prompt_id,
-        "chosen_completion_id": chosen_id,
-        "rejected_completion_id": rejected_id,
-        "chosen_policy": chosen_policy,
-        "rejected_policy": rejected_policy,
+        **conversational(row),
+        "pair_id": row.pair_id,
+        "prompt_id": row.prompt_id,
+        "chosen_completion_id": row.chosen_completion_id,
+        "rejected_completion_id": row.rejected_completion_id,
+        "chosen_policy": row.chosen_policy,
+        "rejected_policy": row.rejected_policy,
         "annotators": [vote.annotator for vote in backing],
         "strengths": [vote.strength for vote in backing],
         "votes": len(pair.votes),
@@ -165,8 +171,8 @@ def _preference_row(pair: VotedPair) -> dict[str, Any]:
 def _raw_row(pair: VotedPair, vote: CastVote) -> dict[str, Any]:
     return {
         "prompt": pair.prompt,
-        "completion_a": _assistant(pair.text_a),
-        "completion_b": _assistant(pair.text_b),
+        "completion_a": assistant(pair.text_a),
+        "completion_b": assistant(pair.text_b),
         "choice": vote.choice,
         "strength": vote.strength,
         "comment": vote.comment,
@@ -183,18 +189,6 @@ def _raw_row(pair: VotedPair, vote: CastVote) -> dict[str, Any]:
 
 
 Writer = Callable[[list[dict[str, Any]], pa.Schema, Path], None]
-
-
-def _write_atomically(rows: list[dict[str, Any]], schema: pa.Schema, out: Path, writer: Writer) -> None:
-    """Build the export in a hidden sibling directory, then rename it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        built = staging / out.name
-        writer(rows, schema, built)
-        built.rename(out)
-    finally:
-        shutil.rmtree(staging)
 
 
 def _write_hf(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> None:

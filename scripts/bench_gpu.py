@@ -82,14 +82,14 @@ def build_model(path: Path, shape: dict) -> None:
     tokenizer.save_pretrained(path)
 
 
-def synthetic_rows(count: int, words: int, seed: int) -> list[dict]:
+def synthetic_rows(count: int, words: int, seed: int) -> list:
     """Preference rows on the demo prompts with random-word responses of about `words` words."""
-    from train.reward import preference_row
+    from train.snapshot import PreferenceRow
 
     rng = random.Random(seed)
     vocabulary = "the a of to and in is it that for on with as was at by this be are from or".split()
     text = lambda: " ".join(rng.choice(vocabulary) for _ in range(words))  # noqa: E731
-    return [preference_row(rng.choice(prompts()), text(), text()) for _ in range(count)]
+    return [PreferenceRow(rng.choice(prompts()), text(), text()) for _ in range(count)]
 
 
 def peak_gpu_gb() -> float | None:

@@ -42,7 +42,8 @@ def arm(name: str, batch: int, tokens: int) -> dict:
     from train.config import ModelConfig, PPOConfig, RewardModelConfig
     from train.generate import end_of_turn_ids
     from train.models import load_model, resolve_model_path
-    from train.reward import METRICS_FILE, NORMALIZATION_FILE, build_model
+    from train.reward import build_model
+    from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
 
     if name == "full":
         ppo.selective_log_softmax = full_log_softmax
@@ -56,8 +57,9 @@ def arm(name: str, batch: int, tokens: int) -> dict:
     prompts = [p.get("messages") or [{"role": "user", "content": p["prompt"]}] for p in prompts]
     model, tokenizer = load_model(ModelConfig())
     config = PPOConfig(batch_size=batch, minibatch_size=4, epochs=1, max_new_tokens=tokens)
-    wrapped = ppo.build(model, reward_dir, config)
-    scorer = ppo.RewardScorer(tokenizer, ppo.read_normalization(reward_dir), 512)
+    reward = read_reward_adapter(reward_dir)
+    wrapped = ppo.build(model, reward, config)
+    scorer = ppo.RewardScorer(tokenizer, reward.normalization, 512)
     torch.manual_seed(0)
     sampled = ppo.sample(wrapped, tokenizer, prompts, config, end_of_turn_ids(model, tokenizer))
     rollout, _ = ppo.evaluate(wrapped, scorer, prompts, sampled, config)

@@ -101,7 +101,8 @@ def prepare(workdir: Path, config: PPOConfig) -> None:
     from store.prompt_files import read_prompt_file
     from train.config import DEFAULT_MODEL, RewardModelConfig
     from train.models import resolve_model_path
-    from train.reward import METRICS_FILE, NORMALIZATION_FILE, Normalization, build_model
+    from train.reward import build_model
+    from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, Normalization
 
     model_path = resolve_model_path(DEFAULT_MODEL)
     prompts = [p.messages for p in read_prompt_file(PROMPTS_FILE)]

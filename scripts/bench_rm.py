@@ -28,18 +28,18 @@ sys.path.insert(0, str(ROOT))
 HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 
 
-def preference_rows(path: Path, first: int, last: int) -> tuple[list[dict], list[dict]]:
-    """(the first `first`, the last `last`) comparisons as TRL conversational rows."""
+def preference_rows(path: Path, first: int, last: int) -> tuple[list, list]:
+    """(the first `first`, the last `last`) comparisons as PreferenceRows."""
     from store.pref_files import read_preference_file
-    from train.reward import preference_row
+    from train.snapshot import PreferenceRow
 
-    rows = [preference_row(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(path)]
+    rows = [PreferenceRow(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(path)]
     if first + last > len(rows):
         raise SystemExit(f"{path} has {len(rows)} pairs, fewer than --pairs {first} + --eval-pairs {last}")
     return rows[:first], rows[len(rows) - last :]
 
 
-def run_tether(model_path: str, train: list[dict], held: list[dict], config) -> dict:
+def run_tether(model_path: str, train: list, held: list, config) -> dict:
     from train.reward import train_reward_model
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -48,12 +48,13 @@ def run_tether(model_path: str, train: list[dict], held: list[dict], config) -> 
             "accuracy": metrics["eval_accuracy"], "eval_pairs": metrics["pairs_eval"]}
 
 
-def run_trl(model_path: str, train: list[dict], held: list[dict], config) -> dict:
+def run_trl(model_path: str, train: list, held: list, config) -> dict:
     from datasets import Dataset
     from peft import LoraConfig, TaskType
     from trl import RewardConfig, RewardTrainer
 
     from train.models import uses_bf16
+    from train.snapshot import conversational
 
     with tempfile.TemporaryDirectory() as scratch:
         args = RewardConfig(
@@ -65,8 +66,8 @@ def run_trl(model_path: str, train: list[dict], held: list[dict], config) -> dic
         )
         lora = LoraConfig(task_type=TaskType.SEQ_CLS, r=config.lora_r, lora_alpha=config.lora_alpha,
                           lora_dropout=config.lora_dropout, target_modules=config.lora_target_modules(), modules_to_save=["score"])
-        trainer = RewardTrainer(model=model_path, args=args, train_dataset=Dataset.from_list(train),
-                                eval_dataset=Dataset.from_list(held), peft_config=lora)
+        trainer = RewardTrainer(model=model_path, args=args, train_dataset=Dataset.from_list([conversational(r) for r in train]),
+                                eval_dataset=Dataset.from_list([conversational(r) for r in held]), peft_config=lora)
         started = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - started

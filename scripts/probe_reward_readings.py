@@ -28,7 +28,7 @@ from store.prompt_files import read_prompt_file  # noqa: E402
 from train.config import Hardware, ModelConfig  # noqa: E402
 from train.generate import generate  # noqa: E402
 from train.models import load_model  # noqa: E402
-from train.reward import encode  # noqa: E402
+from train.reward_model import encode  # noqa: E402
 from ui.owner.config import settings_for  # noqa: E402
 
 

@@ -107,12 +107,6 @@ def completions_of(con: Connection, policy_version: int, prompt_ids: list[int]) 
     return [Completion(*row) for row in rows]
 
 
-def finished_ids(con: Connection, ids: list[int]) -> set[int]:
-    """Those of these completions that ended with EOS rather than at the length limit."""
-    rows = con.execute("SELECT id FROM completions WHERE finished AND list_contains(?, id)", [ids]).fetchall()
-    return {row[0] for row in rows}
-
-
 def paired_texts(con: Connection, newer: int, older: int) -> dict[int, list[tuple[int | None, str]]]:
     """(token count, text) of each version's completions in the pairs of the two versions against each other, by version.
 

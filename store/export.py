@@ -29,6 +29,8 @@ class VotedPair:
     text_b: str
     policy_a: int | None  # None for imported completions, which no policy wrote
     policy_b: int | None
+    finished_a: bool  # ended with EOS rather than at the length limit; False for imported completions, whose end is unknown
+    finished_b: bool
     votes: list[CastVote]  # in the order they were cast
 
 
@@ -37,7 +39,7 @@ def voted_pairs(con: Connection) -> list[VotedPair]:
     rows = con.execute(
         """
         SELECT p.id, p.prompt_id, pr.messages, p.completion_a, p.completion_b, ca.text, cb.text,
-               ca.policy_version, cb.policy_version,
+               ca.policy_version, cb.policy_version, coalesce(ca.finished, false), coalesce(cb.finished, false),
                list({'annotator': c.annotator, 'choice': c.choice, 'strength': c.strength, 'comment': c.comment,
                      'source': c.source, 'created_at': c.created_at} ORDER BY c.created_at, c.id)
         FROM pairs p
@@ -50,7 +52,7 @@ def voted_pairs(con: Connection) -> list[VotedPair]:
         """
     ).fetchall()
     return [
-        VotedPair(pair_id, prompt_id, json.loads(messages), a, b, text_a, text_b, policy_a, policy_b,
+        VotedPair(pair_id, prompt_id, json.loads(messages), a, b, text_a, text_b, policy_a, policy_b, finished_a, finished_b,
                   [CastVote(**vote) for vote in votes])
-        for pair_id, prompt_id, messages, a, b, text_a, text_b, policy_a, policy_b, votes in rows
+        for pair_id, prompt_id, messages, a, b, text_a, text_b, policy_a, policy_b, finished_a, finished_b, votes in rows
     ]

@@ -8,10 +8,10 @@ import torch
 from train.config import DPOConfig, ModelConfig
 from train.dpo import encode_pair, train_dpo
 from train.models import load_model
+from train.snapshot import PreferenceRow
 
 PROMPTS = [[{"role": "user", "content": f"Say something about topic {i}."}] for i in range(8)]
-ROWS = [{"prompt": p, "chosen": "music and light", "chosen_finished": True, "rejected": "the end of the day", "rejected_finished": True}
-        for p in PROMPTS]
+ROWS = [PreferenceRow(p, "music and light", "the end of the day", chosen_finished=True, rejected_finished=True) for p in PROMPTS]
 
 
 def tiny(tiny_model_dir):
@@ -29,7 +29,7 @@ def sequence_logprob(model, tokenizer, prompt, response) -> float:
 
 
 def margin(model, tokenizer) -> float:
-    return sum(sequence_logprob(model, tokenizer, r["prompt"], r["chosen"]) - sequence_logprob(model, tokenizer, r["prompt"], r["rejected"])
+    return sum(sequence_logprob(model, tokenizer, r.prompt, r.chosen) - sequence_logprob(model, tokenizer, r.prompt, r.rejected)
                for r in ROWS) / len(ROWS)
 
 
@@ -66,8 +66,7 @@ def test_rounds_continue_from_the_policy_raise_the_chosen_and_load_with_plain_pe
 def test_a_completion_cut_at_the_length_limit_is_trained_without_an_end(tiny_model_dir):
     """As sampled: EOS closes only the completion that ended, and the prompt is the generation prompt."""
     _, tokenizer = tiny(tiny_model_dir)
-    pair = encode_pair(tokenizer, {"prompt": PROMPTS[0], "chosen": "music and light", "chosen_finished": True,
-                                   "rejected": "the end of", "rejected_finished": False})
+    pair = encode_pair(tokenizer, PreferenceRow(PROMPTS[0], "music and light", "the end of", chosen_finished=True, rejected_finished=False))
     assert pair["prompt_ids"] == tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     assert pair["chosen_ids"] == tokenizer.encode("music and light", add_special_tokens=False) + [tokenizer.eos_token_id]
     assert pair["rejected_ids"] == tokenizer.encode("the end of", add_special_tokens=False)
@@ -76,7 +75,7 @@ def test_a_completion_cut_at_the_length_limit_is_trained_without_an_end(tiny_mod
 
 def test_pairs_too_long_are_left_out_and_counted(tiny_model_dir, tmp_path):
     model, tokenizer = tiny(tiny_model_dir)
-    long = {"prompt": PROMPTS[0], "chosen": "music " * 200, "chosen_finished": False, "rejected": "light", "rejected_finished": True}
+    long = PreferenceRow(PROMPTS[0], "music " * 200, "light", chosen_finished=False, rejected_finished=True)
     result = train_dpo(model, tokenizer, ROWS + [long], DPOConfig(epochs=1, batch_size=4, max_length=64), tmp_path / "v1", on_cpu=True)
     assert (result["pairs"], result["pairs_too_long"]) == (len(ROWS), 1)
 

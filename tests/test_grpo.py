@@ -8,7 +8,7 @@ from tests.test_ppo import PROMPTS, favoured, first_token_probs, load, peaked_mo
 from tests.test_rounds import held_back_ids, read_parquet, short_training, vote_every_pair
 from train.config import GRPOConfig, ModelConfig
 from train.grpo import train_grpo
-from train.reward import load_reward_model
+from train.reward_model import load_reward_model
 
 
 def test_grpo_raises_the_probability_of_the_token_a_toy_reward_model_favours(peaked_model_dir, favoured, tmp_path):

@@ -15,7 +15,7 @@ from train.errors import ModelError
 from train.generate import end_of_turn_ids, generate
 from train.models import load_model
 from train.ppo import sample
-from train.reward import Normalization, RewardModel, _load_tokenizer
+from train.reward_model import Normalization, RewardModel, load_tokenizer
 from tests.test_generate import PROMPTS
 from tests.test_ppo import wrapped, peaked_model_dir, favoured  # noqa: F401 (fixtures)
 
@@ -47,7 +47,7 @@ def test_generation_halves_a_batch_that_runs_out_of_memory_and_keeps_every_compl
 
 
 def test_scoring_halves_a_batch_that_runs_out_of_memory_with_the_same_scores(tiny_model_dir, capsys):
-    tokenizer = _load_tokenizer(tiny_model_dir)
+    tokenizer = load_tokenizer(tiny_model_dir)
     classifier = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).eval()
     classifier.config.pad_token_id = tokenizer.pad_token_id
     reward_model = RewardModel(classifier, tokenizer, Normalization(0.0, 1.0), 64)

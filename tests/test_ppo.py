@@ -30,7 +30,8 @@ from train.ppo import (
     train_ppo,
     trainable_parameters,
 )
-from train.reward import METRICS_FILE, NORMALIZATION_FILE, build_model, encode, read_normalization
+from train.reward import build_model
+from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, encode, read_reward_adapter
 
 PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
 
@@ -105,7 +106,8 @@ def favoured(peaked_model_dir, tmp_path_factory):
 def wrapped(peaked_model_dir, favoured):
     model, tokenizer = load(peaked_model_dir)
     config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
-    return build(model, favoured[1], config), tokenizer, config, RewardScorer(tokenizer, read_normalization(favoured[1]), 512)
+    reward = read_reward_adapter(favoured[1])
+    return build(model, reward, config), tokenizer, config, RewardScorer(tokenizer, reward.normalization, 512)
 
 
 def one_step(wrapped, beta=0.1, prompts=PROMPTS * 4):
@@ -291,7 +293,7 @@ def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
 
 def test_at_step_0_the_value_is_a_constant_baseline_on_the_reward_models_features(peaked_model_dir, favoured):
     model, tokenizer = load(peaked_model_dir)
-    wrapped = build(model, favoured[1], PPOConfig(max_new_tokens=8))
+    wrapped = build(model, read_reward_adapter(favoured[1]), PPOConfig(max_new_tokens=8))
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
     query_ids, query_mask, response_ids, response_mask, _ = sample(wrapped, tokenizer, PROMPTS * 2, PPOConfig(max_new_tokens=8), eos)
     values = response_values(wrapped, query_ids, query_mask, response_ids, response_mask)
@@ -305,7 +307,7 @@ def test_at_step_0_the_value_is_a_constant_baseline_on_the_reward_models_feature
 def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is_1(peaked_model_dir, favoured, tmp_path):
     model, tokenizer = load_model(ModelConfig(name_or_path=str(shipping_sampling_defaults(peaked_model_dir, tmp_path))))
     config = PPOConfig(max_new_tokens=8, temperature=0.9)
-    wrapped = build(model, favoured[1], config)
+    wrapped = build(model, read_reward_adapter(favoured[1]), config)
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
     query_ids, query_mask, *_ = sample(wrapped, tokenizer, PROMPTS * 4, config, eos)
     torch.manual_seed(3)
@@ -323,15 +325,16 @@ def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is
 
 
 def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_length(peaked_model_dir, favoured, tmp_path):
-    from train.reward import load_reward_model
+    from train.reward_model import load_reward_model
 
     reward_dir = reward_copy(favoured[1], tmp_path, max_length=14)
     model, tokenizer = load(peaked_model_dir)
-    wrapped = build(model, reward_dir, PPOConfig())
+    reward = read_reward_adapter(reward_dir)
+    wrapped = build(model, reward, PPOConfig())
     long_prompt = [{"role": "user", "content": "Tell me about music, light, fruit and the sea, all of it, at length please."}]
     prompts, texts = [long_prompt, PROMPTS[0], PROMPTS[1]], ["Music is light.", "A fig", ""]
     assert len(encode(tokenizer, long_prompt, texts[0], 10_000).input_ids) > 14  # so the cut matters
-    ppo = reward_scores(wrapped, RewardScorer(tokenizer, read_normalization(reward_dir), 14), prompts, texts)
+    ppo = reward_scores(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length), prompts, texts)
     rm_score = load_reward_model(str(peaked_model_dir), reward_dir).score(prompts, texts)
     assert torch.allclose(ppo, torch.tensor(rm_score), atol=1e-4), (ppo, rm_score)
 
@@ -349,7 +352,7 @@ def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_mo
     save_file({k.replace("layers.1.", "layers.7."): v for k, v in weights.items()}, str(broken / "adapter_model.safetensors"))
     model, _ = load(peaked_model_dir)
     with pytest.raises(ModelError, match="rm-other-model does not fit this model: .* match no layer"):
-        build(model, broken, PPOConfig())
+        build(model, read_reward_adapter(broken), PPOConfig())
 
 
 def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrapped):

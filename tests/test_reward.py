@@ -10,29 +10,22 @@ from safetensors.torch import load_file
 from tests.conftest import score_with_plain_peft
 from train.config import RewardModelConfig
 from train.errors import ModelError
-from train.reward import (
+from train.reward import WarmStart, build_model, plan_warm_start, split_by_prompt, train_reward_model
+from train.reward_model import (
     METRICS_FILE,
     NORMALIZATION_FILE,
     Normalization,
     RewardModel,
-    WarmStart,
-    build_model,
     encode,
     encode_pairs,
     load_reward_model,
-    plan_warm_start,
-    split_by_prompt,
-    train_reward_model,
 )
+from train.snapshot import PreferenceRow
 
 WORDS = ["apple", "river", "stone", "cloud", "music", "light", "table", "green"]
 
 
-def assistant(text: str) -> list[dict[str, str]]:
-    return [{"role": "assistant", "content": text}]
-
-
-def toy_rows(prompts: int, pairs_per_prompt: int = 1, seed: int = 0, ask: str = "Tell me about") -> list[dict]:
+def toy_rows(prompts: int, pairs_per_prompt: int = 1, seed: int = 0, ask: str = "Tell me about") -> list[PreferenceRow]:
     """A learnable preference: the chosen reply ends with "thanks", the rejected one with "sorry"."""
     rng = random.Random(seed)
     rows = []
@@ -40,12 +33,12 @@ def toy_rows(prompts: int, pairs_per_prompt: int = 1, seed: int = 0, ask: str = 
         prompt = [{"role": "user", "content": f"{ask} {rng.choice(WORDS)} number {i}."}]
         for _ in range(pairs_per_prompt):
             body = " ".join(rng.choice(WORDS) for _ in range(4))
-            rows.append({"prompt": prompt, "chosen": assistant(f"{body} thanks"), "rejected": assistant(f"{body} sorry")})
+            rows.append(PreferenceRow(prompt, f"{body} thanks", f"{body} sorry"))
     return rows
 
 
-def prompt_key(row: dict) -> str:
-    return json.dumps(row["prompt"])
+def prompt_key(row: PreferenceRow) -> str:
+    return json.dumps(row.prompt)
 
 
 def test_the_split_keeps_each_prompt_on_one_side_and_is_deterministic():
@@ -58,7 +51,7 @@ def test_the_split_keeps_each_prompt_on_one_side_and_is_deterministic():
 
     again = split_by_prompt(list(reversed(rows)), eval_share=0.25)
     assert sorted(map(prompt_key, again[1])) == sorted(map(prompt_key, held))  # the row order does not matter
-    assert [r["chosen"] for r in train] == [r["chosen"] for r in rows if r in train]  # each part keeps the order
+    assert [r.chosen for r in train] == [r.chosen for r in rows if r in train]  # each part keeps the order
 
     assert split_by_prompt(rows[:6], eval_share=0.01)[1] != []  # a share > 0 holds out at least one prompt
     assert split_by_prompt(rows[:6], eval_share=0.99)[0] != []  # and trains on at least one
@@ -74,18 +67,15 @@ def test_a_prompt_is_held_out_or_not_whatever_other_prompts_there_are():
         train, eval_ = split_by_prompt(part, eval_share=0.3)
         assert {prompt_key(r) for r in eval_} & {prompt_key(r) for r in rows} == {prompt_key(r) for r in part} & held
         assert not {prompt_key(r) for r in train} & held
-    # The side comes from the messages' content: the same prompt as a string or as messages lands alike.
-    as_string = [{**r, "prompt": r["prompt"][0]["content"]} for r in rows]
-    assert {r["prompt"] for r in split_by_prompt(as_string, eval_share=0.3)[1]} == {json.loads(k)[0]["content"] for k in held}
 
 
 def test_long_prompts_lose_their_start_and_no_pair_is_dropped(tiny_model_dir):
     model, tokenizer = build_model(str(tiny_model_dir), RewardModelConfig())
     long_prompt = [{"role": "user", "content": " ".join(WORDS * 6)}]
     rows = [
-        {"prompt": [{"role": "user", "content": "Hi?"}], "chosen": assistant("apple"), "rejected": assistant("river")},
-        {"prompt": long_prompt, "chosen": assistant("stone cloud"), "rejected": assistant("music")},
-        {"prompt": long_prompt, "chosen": assistant("light"), "rejected": assistant(" ".join(WORDS * 8))},
+        PreferenceRow([{"role": "user", "content": "Hi?"}], "apple", "river"),
+        PreferenceRow(long_prompt, "stone cloud", "music"),
+        PreferenceRow(long_prompt, "light", " ".join(WORDS * 8)),
     ]
     max_length = 40
     encoded = encode_pairs(tokenizer, rows, max_length)
@@ -100,7 +90,7 @@ def test_long_prompts_lose_their_start_and_no_pair_is_dropped(tiny_model_dir):
     assert chosen == (prompt_ids + response_ids)[-max_length:]  # the prompt is cut from the left, the response whole
     assert chosen[-1] == tokenizer.eos_token_id
 
-    short = encode(tokenizer, rows[0]["prompt"], "apple", max_length)
+    short = encode(tokenizer, rows[0].prompt, "apple", max_length)
     assert not short.prompt_cut and encoded.chosen_ids[0] == short.input_ids
     too_long = encode(tokenizer, long_prompt, " ".join(WORDS * 8), max_length)
     assert too_long.response_cut and too_long.input_ids == encoded.rejected_ids[2]
@@ -151,8 +141,8 @@ def trained(tiny_model_dir, tmp_path_factory):
     """One short run on the toy preference, shared by the tests below: (rows, train, eval, metrics, out_dir, progress)."""
     rows = toy_rows(prompts=40)
     # A few long prompts, so that truncation runs during training too.
-    for row in rows[:6]:
-        row["prompt"] = [{"role": "user", "content": " ".join(WORDS * 3)}] + row["prompt"]
+    long_start = [{"role": "user", "content": " ".join(WORDS * 3)}]
+    rows[:6] = [dataclasses.replace(row, prompt=long_start + row.prompt) for row in rows[:6]]
     train, held = split_by_prompt(rows, eval_share=0.25)
     out_dir = tmp_path_factory.mktemp("rm") / "v1"
     progress = []
@@ -192,8 +182,8 @@ def test_normalised_training_scores_have_mean_0_and_std_1(trained, tiny_model_di
     reward_model = load_reward_model(str(tiny_model_dir), out_dir)
     assert reward_model.max_length == TRAIN_CONFIG.max_length
     assert json.loads((out_dir / NORMALIZATION_FILE).read_text()) == {"mean": metrics["reward_mean"], "std": metrics["reward_std"]}
-    prompts = [r["prompt"] for r in train] * 2
-    responses = [r["chosen"][0]["content"] for r in train] + [r["rejected"][0]["content"] for r in train]
+    prompts = [r.prompt for r in train] * 2
+    responses = [r.chosen for r in train] + [r.rejected for r in train]
     scores = torch.tensor(reward_model.score(prompts, responses))
     assert scores.mean().item() == pytest.approx(0, abs=1e-4)
     assert scores.std(correction=0).item() == pytest.approx(1, abs=1e-4)
@@ -208,7 +198,7 @@ def test_normalised_training_scores_have_mean_0_and_std_1(trained, tiny_model_di
 def test_a_saved_reward_model_scores_the_same_in_a_fresh_process_with_plain_transformers_and_peft(trained, tiny_model_dir, tmp_path):
     rows, train, held, metrics, out_dir, progress = trained
     reward_model = load_reward_model(str(tiny_model_dir), out_dir)
-    cases = [(r["prompt"], r[side][0]["content"]) for r in held[:4] + train[:4] for side in ("chosen", "rejected")]
+    cases = [(r.prompt, reply) for r in held[:4] + train[:4] for reply in (r.chosen, r.rejected)]
     full_lengths = [len(encode(reward_model.tokenizer, p, r, 10**6).input_ids) for p, r in cases]
     assert sum(n > TRAIN_CONFIG.max_length for n in full_lengths) >= 2  # truncation is part of what must match
     plain = score_with_plain_peft(tiny_model_dir, out_dir, cases, tmp_path)
@@ -239,7 +229,7 @@ def test_the_config_checks_its_values():
             RewardModelConfig(**bad)
 
 
-def later_votes(trained) -> tuple[list[dict], list[dict], list[dict], WarmStart]:
+def later_votes(trained) -> tuple[list[PreferenceRow], list[PreferenceRow], list[PreferenceRow], WarmStart]:
     """v1's rows plus 16 pairs on new prompts, split as the next run splits them: (new, train, eval, plan with replay 0.5)."""
     rows, train, held, metrics, out_dir, progress = trained
     new = toy_rows(prompts=16, seed=5, ask="Now tell me of")
@@ -278,14 +268,14 @@ def test_a_warm_start_trains_on_the_new_pairs_and_a_replay_sample_and_scores_the
     # Normalised over the pairs fitted this time, new and replayed: a sample whose cost is the round's.
     v2 = load_reward_model(str(tiny_model_dir), tmp_path / "v2")
     fitted = plan.new_train + plan.replayed
-    prompts = [r["prompt"] for r in fitted] * 2
-    responses = [r["chosen"][0]["content"] for r in fitted] + [r["rejected"][0]["content"] for r in fitted]
+    prompts = [r.prompt for r in fitted] * 2
+    responses = [r.chosen for r in fitted] + [r.rejected for r in fitted]
     scores = torch.tensor(v2.score(prompts, responses))
     assert scores.mean().item() == pytest.approx(0, abs=1e-4)
     assert scores.std(correction=0).item() == pytest.approx(1, abs=1e-4)
 
     # Still a plain PEFT adapter.
-    cases = [(r["prompt"], r[side][0]["content"]) for r in plan.new_eval[:3] + train[:3] for side in ("chosen", "rejected")]
+    cases = [(r.prompt, reply) for r in plan.new_eval[:3] + train[:3] for reply in (r.chosen, r.rejected)]
     plain = score_with_plain_peft(tiny_model_dir, tmp_path / "v2", cases, tmp_path)
     assert [p["raw"] for p in plain] == pytest.approx(v2.raw_scores([c[0] for c in cases], [c[1] for c in cases]), abs=1e-4)
 

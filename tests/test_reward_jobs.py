@@ -15,6 +15,7 @@ from gradio_client import Client
 
 from store import open_database
 from train.jobdir import read_job
+from train.snapshot import PreferenceRow, read_preferences
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, worker_pids
 
@@ -94,7 +95,8 @@ def reward_versions(project: Path) -> dict[int, dict]:
 
 
 def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_version_on_them(tiny_project, tiny_model_dir, tmp_path):
-    from train.reward import load_reward_model, preference_row, split_by_prompt
+    from train.reward import split_by_prompt
+    from train.reward_model import load_reward_model
 
     def rm_train() -> subprocess.CompletedProcess:
         return run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
@@ -110,18 +112,17 @@ def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_ver
     v2 = reward_versions(tiny_project)[2]
     first, second = (snapshot_rows(tiny_project, job) for job in (1, 2))
     new_pair_ids = read_job(tiny_project / "jobs" / "2")["config"]["warm_start"]["new_pair_ids"]
-    assert len(second) == 60 and sorted(new_pair_ids) == sorted({r["pair_id"] for r in second} - {r["pair_id"] for r in first})
+    assert len(second) == 60 and sorted(new_pair_ids) == sorted({r.pair_id for r in second} - {r.pair_id for r in first})
     assert len(new_pair_ids) == 20
-    rows = [preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"]) | {"pair_id": r["pair_id"]} for r in second]
-    train, held = split_by_prompt(rows, eval_share=0.1)
-    new_train = [r for r in train if r["pair_id"] in new_pair_ids]
+    train, held = split_by_prompt(second, eval_share=0.1)
+    new_train = [r for r in train if r.pair_id in new_pair_ids]
     assert v2["warm_start_from"] == 1 and v2["pairs_new"] == len(new_train) > 0
     assert v2["pairs_replayed"] == min(v1["pairs_train"], len(new_train))  # replay = 1.0
     assert (v2["pairs_train"], v2["pairs_eval"]) == (len(train), len(held))
     assert v2["new_votes_pairs"] == 20 and 0 <= v2["new_votes_accuracy"] <= 1
 
     # v2 is a plain PEFT adapter, scored alike by Tether and by transformers + peft alone.
-    cases = [(r["prompt"], r[side][0]["content"]) for r in rows[38:42] for side in ("chosen", "rejected")]
+    cases = [(r.prompt, reply) for r in second[38:42] for reply in (r.chosen, r.rejected)]
     plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v2", cases, tmp_path)
     ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v2").score([c[0] for c in cases], [c[1] for c in cases])
     assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=1e-4)
@@ -137,10 +138,8 @@ def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_ver
     assert read_job(tiny_project / "jobs" / "3")["config"]["warm_start"] is None  # the refused run queued no job
 
 
-def snapshot_rows(project: Path, job_id: int) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(project / "jobs" / str(job_id) / "inputs" / "preferences.parquet").to_pylist()
+def snapshot_rows(project: Path, job_id: int) -> list[PreferenceRow]:
+    return read_preferences(project / "jobs" / str(job_id) / "inputs" / "preferences.parquet")
 
 
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):

@@ -18,6 +18,7 @@ from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import DPOConfig
 from train.errors import ModelError
+from train.snapshot import PreferenceRow
 
 # What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
 # beta * log(pi / pi_ref) of the chosen and rejected responses, their margin, and the share of
@@ -31,7 +32,7 @@ METRICS = {
 }
 
 
-def encode_pair(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any]) -> dict[str, list[int]]:
+def encode_pair(tokenizer: PreTrainedTokenizerBase, row: PreferenceRow) -> dict[str, list[int]]:
     """The pair's tokens as the policy sampled them: the prompt as the chat template renders it for
     generation, then each completion closed by EOS only where it ended (`chosen_finished`,
     `rejected_finished`).
@@ -39,28 +40,27 @@ def encode_pair(tokenizer: PreTrainedTokenizerBase, row: dict[str, Any]) -> dict
     The chat template would close every completion, and for one cut at max_new_tokens DPO would
     then raise the probability of ending exactly there, in the chosen and the rejected alike.
     """
-    prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
 
     def completion(text: str, finished: bool) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] * finished
 
-    return {"prompt_ids": prompt, "chosen_ids": completion(row["chosen"], row["chosen_finished"]),
-            "rejected_ids": completion(row["rejected"], row["rejected_finished"])}
+    return {"prompt_ids": prompt, "chosen_ids": completion(row.chosen, row.chosen_finished),
+            "rejected_ids": completion(row.rejected, row.rejected_finished)}
 
 
 def train_dpo(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    rows: list[dict[str, Any]],
+    rows: list[PreferenceRow],
     config: DPOConfig,
     out_dir: Path,
     policy_dir: Path | None = None,
     on_step: StepFn | None = None,
     on_cpu: bool = False,
 ) -> dict[str, Any]:
-    """Fit the policy adapter to preference rows ({"prompt": messages, "chosen": text, "rejected": text,
-    "chosen_finished": bool, "rejected_finished": bool});
-    save it to out_dir as a plain PEFT adapter. Returns each step's metrics and the pairs used and left out.
+    """Fit the policy adapter to preference rows; save it to out_dir as a plain PEFT adapter.
+    Returns each step's metrics and the pairs used and left out.
 
     model is the base causal LM, without adapters (train.models.load_model gives it).
     """

@@ -22,7 +22,7 @@ from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_fro
 from train.config import GRPOConfig
 from train.errors import ModelError
 from train.generate import Messages
-from train.reward import RewardModel
+from train.reward_model import RewardModel
 
 # What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
 # stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
@@ -73,7 +73,7 @@ def train_grpo(
     as a plain PEFT adapter. Returns each step's metrics.
 
     model is the base causal LM, without adapters (train.models.load_model gives it); reward is a
-    reward model loaded beside it (train.reward.load_reward_model).
+    reward model loaded beside it (train.reward_model.load_reward_model).
     """
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig

@@ -33,16 +33,13 @@ Tensors are (B, R) over response tokens unless named otherwise: B responses, R t
 
 import json
 import random
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -50,9 +47,10 @@ from train import distributed
 from train.batching import in_batches
 from train.config import PPOConfig
 from train.errors import ModelError
+from train.files import built_beside
 from train.generate import end_of_turn_ids
 from train.models import prepare_for_training, uses_bf16
-from train.reward import Normalization, encode, pad_right, read_normalization, trained_max_length
+from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -110,8 +108,8 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 # Building the model
 
 
-def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_dir: Path | None = None) -> PolicyWithHeads:
-    """Put the adapters and two heads on `model`, a causal LM.
+def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, policy_dir: Path | None = None) -> PolicyWithHeads:
+    """Put the adapters and two heads on `model`, a causal LM; `reward` is the saved reward model, read_reward_adapter's.
 
     The policy starts from policy_dir when given (PPO continues a policy version), else fresh
     (its LoRA B is zero, so it starts equal to the reference). The value adapter starts as a copy
@@ -130,9 +128,7 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
         # lengths (a prompt and a short response) eager attention is the faster of the two.
         model.set_attn_implementation("eager")
     model = prepare_for_training(model)
-    reward_config = LoraConfig.from_pretrained(str(reward_dir))
-    reward_config.task_type, reward_config.modules_to_save, reward_config.lora_dropout = "CAUSAL_LM", None, 0.0
-    reward_config.inference_mode = False
+    reward_config = replace(reward.lora, lora_dropout=0.0, inference_mode=False)  # the value adapter trains from it
     if policy_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
         peft_model.load_adapter(str(policy_dir), adapter_name="start", is_trainable=False)
@@ -141,22 +137,17 @@ def build(model: PreTrainedModel, reward_dir: Path, config: PPOConfig, policy_di
         policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                    target_modules=reward_config.target_modules)
         peft_model = get_peft_model(model, policy_config, adapter_name="policy")
-    weights = load_file(str(reward_dir / "adapter_model.safetensors"))
-    head_key = next((k for k in weights if k.endswith("score.weight")), None)
-    if head_key is None:
-        raise ModelError(f"{reward_dir} is not a reward model: it has no score head")
-    lora_weights = {k: v for k, v in weights.items() if "lora_" in k}
     for name in ("value", "reward"):
         peft_model.add_adapter(name, reward_config)
-        load_adapter_weights(peft_model, lora_weights, name, reward_dir)
+        load_adapter_weights(peft_model, reward.lora_weights, name, reward.path)
     # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
-    raw_head = weights[head_key]  # (1, H)
-    reward_head = nn.Linear(raw_head.shape[1], 1, bias=False, dtype=torch.float32, device=device)
-    reward_head.weight.data.copy_(raw_head)
+    width = reward.head.shape[1]  # reward.head is (1, H)
+    reward_head = nn.Linear(width, 1, bias=False, dtype=torch.float32, device=device)
+    reward_head.weight.data.copy_(reward.head)
     reward_head.requires_grad_(False)
-    value_head = nn.Linear(raw_head.shape[1], 1, bias=True, dtype=torch.float32, device=device)
+    value_head = nn.Linear(width, 1, bias=True, dtype=torch.float32, device=device)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
@@ -542,8 +533,9 @@ def train_ppo(
                              f"make it a multiple of {processes}")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
-    wrapped = build(model, reward_dir, config, policy_dir)
-    scorer = RewardScorer(tokenizer, read_normalization(reward_dir), trained_max_length(reward_dir))
+    reward = read_reward_adapter(reward_dir)
+    wrapped = build(model, reward, config, policy_dir)
+    scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length)
     optimizer = optimizer_for(wrapped, config)
     controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
     generator = torch.Generator().manual_seed(config.seed)
@@ -580,15 +572,9 @@ def draw_prompts(prompts: list[Messages], size: int, rng: random.Random) -> list
 
 def save_policy(model: PolicyWithHeads, out_dir: Path, config: PPOConfig, beta: float) -> None:
     """The policy adapter alone, as a directory PeftModel.from_pretrained loads, with the KL controller's beta."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        model.peft_model.save_pretrained(staging, selected_adapters=["policy"])
-        saved = staging / "policy"  # PEFT saves an adapter not named "default" in a folder of its name
-        (saved / "ppo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-        (saved / KL_STATE_FILE).write_text(json.dumps({"beta": beta}) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        saved.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with built_beside(out_dir) as built:
+        # PEFT saves an adapter not named "default" in a folder of its name: policy/, in the staging directory.
+        model.peft_model.save_pretrained(built.parent, selected_adapters=["policy"])
+        (built.parent / "policy").rename(built)
+        (built / "ppo_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        (built / KL_STATE_FILE).write_text(json.dumps({"beta": beta}) + "\n")

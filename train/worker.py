@@ -26,6 +26,7 @@ from train import distributed
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import Events, input_path, read_job, write_result
+from train.snapshot import read_preferences
 
 
 def whole_share(events: Events, done: int, share: int, whole: int) -> None:
@@ -77,20 +78,16 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
     version on the pairs it has not seen plus a replay sample; without, it starts from scratch.
     """
     from train.models import resolve_model_path
-    from train.reward import plan_warm_start, preference_row, split_by_prompt, train_reward_model
+    from train.reward import plan_warm_start, split_by_prompt, train_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
-    rows = [
-        preference_row(json.loads(r["prompt"]), r["chosen"], r["rejected"]) | {"pair_id": r["pair_id"]}
-        for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()
-    ]
-    train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
+    train_rows, eval_rows = split_by_prompt(read_preferences(input_path(job_dir, "preferences")), reward.eval_share)
     warm_start = None
     if start := config.get("warm_start"):
         new_pair_ids = set(start["new_pair_ids"])
         warm_start = plan_warm_start(
             Path(start["adapter_path"]), start["version"], train_rows, eval_rows,
-            lambda row: row["pair_id"] in new_pair_ids, reward.replay, reward.seed,
+            lambda row: row.pair_id in new_pair_ids, reward.replay, reward.seed,
         )
     events.emit(
         "started", pairs_train=len(train_rows), pairs_eval=len(eval_rows), warm_start_from=warm_start.version if warm_start else None
@@ -109,7 +106,7 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
 def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Score the frozen completions with a reward model; write scores.parquet (normalised rewards)."""
     from train.models import resolve_model_path
-    from train.reward import load_reward_model
+    from train.reward_model import load_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     table = pq.read_table(input_path(job_dir, "completions")).to_pylist()
@@ -156,7 +153,7 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     from train.models import device, load_model
 
     dpo = DPOConfig(**config["dpo"])
-    rows = [r | {"prompt": json.loads(r["prompt"])} for r in pq.read_table(input_path(job_dir, "preferences")).to_pylist()]
+    rows = read_preferences(input_path(job_dir, "preferences"))
     base = ModelConfig(**config["model"])
     model, tokenizer = load_model(base)
     events.emit("started", pairs=len(rows))
@@ -173,7 +170,7 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
     from train.grpo import train_grpo
     from train.models import device, load_model, resolve_model_path
-    from train.reward import load_reward_model
+    from train.reward_model import load_reward_model
 
     grpo = GRPOConfig(**config["grpo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]

@@ -314,7 +314,8 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
         tether rm eval --data held-out.jsonl --project demo
     """
     from train.models import resolve_model_path
-    from train.reward import load_reward_model, preference_row
+    from train.reward_model import load_reward_model
+    from train.snapshot import PreferenceRow as preference_row
 
     project = load_project(project_dir)
     version_row = project.run(get_reward_model, version)

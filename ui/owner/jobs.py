@@ -24,7 +24,7 @@ from annotate.export import preference_rows
 from annotate.pairs import add_completions_with_pairs
 from store import Connection, StoreError, transaction
 from store.db import utcnow
-from store.completions import NewCompletion, completions_to_score, finished_ids, set_rewards
+from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
 from store.policies import add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
@@ -40,6 +40,7 @@ from store.reward_models import (
 )
 from train.config import RewardModelConfig
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
+from train.snapshot import preference_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
 
@@ -114,13 +115,12 @@ def submit_reward_training(
     rows = (read or run)(preference_rows, reward.include_imported)
     if not rows:
         raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
-    snapshot = _preference_table(rows, read or run)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
-        "warm_start": _warm_start(project, run, reward, [r["pair_id"] for r in rows]) if reward.warm_start else None,
+        "warm_start": _warm_start(project, run, reward, [r.pair_id for r in rows]) if reward.warm_start else None,
     }
-    return _submit(project, run, "reward_model", config, {"preferences": snapshot}, round_id)
+    return _submit(project, run, "reward_model", config, {"preferences": preference_table(rows)}, round_id)
 
 
 # A version can be continued only by an adapter of its own shape on its own base model.
@@ -233,17 +233,6 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
     return _submit(project, run, kind, config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
-def _preference_table(rows: list[dict[str, Any]], read: Run) -> pa.Table:
-    """The frozen comparisons a job trains on, with whether each completion ended or was cut at the length limit."""
-    finished = read(finished_ids, [r[f"{side}_completion_id"] for r in rows for side in ("chosen", "rejected")])
-    return pa.Table.from_pylist([
-        {"pair_id": r["pair_id"], "prompt": json.dumps(r["prompt"]),
-         "chosen": r["chosen"][0]["content"], "chosen_finished": r["chosen_completion_id"] in finished,
-         "rejected": r["rejected"][0]["content"], "rejected_finished": r["rejected_completion_id"] in finished}
-        for r in rows
-    ])
-
-
 def submit_dpo(project: Project, run: Run, policy_version: int | None = None, round_id: int | None = None,
                read: Run | None = None) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes.
@@ -258,20 +247,19 @@ def submit_dpo(project: Project, run: Run, policy_version: int | None = None, ro
     held_back = {p.id for p in run(prompts_to_generate, policy.version, None) if is_held_back(p, share)}
     rows = [
         r for r in (read or run)(preference_rows, False)
-        if r["prompt_id"] not in held_back
-        and (dpo.votes == "all" or policy.version in (r["chosen_policy"], r["rejected_policy"]))
+        if r.prompt_id not in held_back
+        and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
     ]
     if not rows:
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
-    snapshot = _preference_table(rows, read or run)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    return _submit(project, run, "dpo", config, {"preferences": snapshot}, round_id)
+    return _submit(project, run, "dpo", config, {"preferences": preference_table(rows)}, round_id)
 
 
 def _submit(

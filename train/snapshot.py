@@ -1,0 +1,72 @@
+"""A preference snapshot: the resolved comparisons a reward-model or DPO job trains on, frozen as Parquet.
+
+The owner resolves each voted pair to a PreferenceRow and writes the snapshot into the job
+directory; the worker reads it back in the same shape, and the export writes the same rows with
+their votes. Token ids are not stored: completions keep only their text, and each reader
+tokenises with the template it trains on.
+
+pyarrow only, no torch: the export reads this module too.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Messages = list[dict[str, str]]
+
+MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+@dataclass(frozen=True)
+class PreferenceRow:
+    """One comparison resolved to a chosen and a rejected reply. Rows read from a preference file have
+    no ids, and their replies are taken as whole."""
+
+    prompt: Messages
+    chosen: str
+    rejected: str
+    chosen_finished: bool = True  # the reply ended with EOS rather than at the length limit
+    rejected_finished: bool = True
+    pair_id: int | None = None
+    prompt_id: int | None = None
+    chosen_completion_id: int | None = None
+    rejected_completion_id: int | None = None
+    chosen_policy: int | None = None  # the policy version that wrote it; None for an imported reply
+    rejected_policy: int | None = None
+
+
+SCHEMA = pa.schema([  # PreferenceRow's fields, in order
+    ("prompt", MESSAGES),
+    ("chosen", pa.string()),
+    ("rejected", pa.string()),
+    ("chosen_finished", pa.bool_()),
+    ("rejected_finished", pa.bool_()),
+    ("pair_id", pa.int64()),
+    ("prompt_id", pa.int64()),
+    ("chosen_completion_id", pa.int64()),
+    ("rejected_completion_id", pa.int64()),
+    ("chosen_policy", pa.int64()),
+    ("rejected_policy", pa.int64()),
+])
+
+
+def assistant(text: str) -> Messages:
+    """A reply as TRL's conversational format holds it: one assistant message."""
+    return [{"role": "assistant", "content": text}]
+
+
+def conversational(row: PreferenceRow) -> dict[str, Messages]:
+    """The row in TRL's conversational preference format, as the export writes it and TRL's trainers take it."""
+    return {"prompt": row.prompt, "chosen": assistant(row.chosen), "rejected": assistant(row.rejected)}
+
+
+def preference_table(rows: list[PreferenceRow]) -> pa.Table:
+    """The snapshot's table, as the owner freezes it in a job directory."""
+    return pa.Table.from_pylist([vars(row) for row in rows], schema=SCHEMA)
+
+
+def read_preferences(path: Path) -> list[PreferenceRow]:
+    """A snapshot's rows, in the order they were written."""
+    return [PreferenceRow(**row) for row in pq.read_table(path, schema=SCHEMA).to_pylist()]
