@@ -17,8 +17,15 @@ from typing import Callable
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from store import open_database
+from store.prompts import Prompt
+from train.config import PPOConfig, RewardModelConfig
+from train.ppo import RewardScorer, build, position_ids
+from train.reward import build_model
+from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
+from ui.owner.jobs import is_held_back
 from ui.owner.project import init_project
 
 REPO = Path(__file__).resolve().parent.parent
@@ -280,3 +287,122 @@ def vote_every_pair(project: Path, annotator: str = "tester") -> int:
 
     with closing(open_database(project / "tether.duckdb")) as con:
         return vote_through_queue(con, annotator)
+
+
+def toy_preferences(path: Path, n: int = 40, start: int = 0) -> Path:
+    rows = [
+        {"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"}
+        for i in range(start, start + n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def wait_for(condition, seconds=120.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.3)
+    raise AssertionError("timed out waiting")
+
+
+def short_training(project: Path) -> None:
+    set_settings(project, "ppo", steps=1, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=6)
+    set_settings(project, "reward_model", batch_size=4)
+
+
+def held_back_ids(project: Path, share: float = 0.25) -> set[int]:
+    with closing(open_database(project / "tether.duckdb")) as con:
+        rows = con.execute("SELECT id, content_hash FROM prompts WHERE active").fetchall()
+    return {pid for pid, content_hash in rows if is_held_back(Prompt(pid, [], content_hash, 0), share)}
+
+
+def read_parquet(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+CHAT_PROMPTS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief and kind."}, {"role": "user", "content": "How do plants make their food?"}],
+    [{"role": "user", "content": "Why do cats purr when they are happy?"}],
+]
+
+
+PPO_PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
+
+
+def load_plain(path):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+@pytest.fixture(scope="session")
+def peaked_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with a sharpened LM head, so its first tokens are a handful of likely ones PPO can see often."""
+    model, tokenizer = load_plain(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    path = tmp_path_factory.mktemp("peaked")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
+    """(V,) the mean over PPO_PROMPTS of the policy's distribution of the first response token."""
+    model, tokenizer = load_plain(model_dir)
+    if policy_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, policy_dir)
+    ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for p in PPO_PROMPTS]
+    batch = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+    positions = position_ids(batch["attention_mask"])
+    with torch.no_grad():
+        logits = model(**batch, position_ids=positions).logits[:, -1]
+    return logits.softmax(-1).mean(0)
+
+
+def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0):
+    """A reward model that favours one token as a one-token response: no LoRA change, and a head
+    along the difference between the hidden state it leaves at the closing EOS (where the score is
+    read) and the mean of the other candidates'. The prompts' own last states are projected out,
+    so the value PPO starts from reads 0 before the response, as a fresh critic would."""
+    model, tokenizer = build_model(str(model_dir), RewardModelConfig())
+    direction, prompt_states = 0, []
+    for messages in PPO_PROMPTS:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = torch.tensor([[*prompt, t, tokenizer.eos_token_id] for t in candidates.tolist()])
+        with torch.no_grad():
+            hidden = model.get_base_model().model(input_ids=ids).last_hidden_state  # (N, T, H)
+        direction = direction + hidden[candidates == token_id][0, -1] - hidden[candidates != token_id, -1].mean(0)
+        prompt_states.append(hidden[0, len(prompt) - 1])
+    basis, _ = torch.linalg.qr(torch.stack(prompt_states, dim=1))  # (H, prompts)
+    direction = direction - basis @ (basis.T @ direction)
+    with torch.no_grad():
+        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * direction / direction.norm())
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
+    (out_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512}}))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def favoured(peaked_model_dir, tmp_path_factory):
+    """(token, reward_dir): the policy's third-likeliest first token, and a reward model that favours it."""
+    candidates = first_token_probs(peaked_model_dir).topk(20).indices
+    token = candidates[2].item()
+    return token, token_reward_model(peaked_model_dir, token, candidates, tmp_path_factory.mktemp("rm-token"))
+
+
+@pytest.fixture
+def wrapped(peaked_model_dir, favoured):
+    model, tokenizer = load_plain(peaked_model_dir)
+    config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
+    reward = read_reward_adapter(favoured[1])
+    return build(model, reward, config), tokenizer, config, RewardScorer(tokenizer, reward.normalization, 512)

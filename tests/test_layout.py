@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
 
 # Where each part of the code may import from, of the project's own packages.
 MAY_IMPORT = {

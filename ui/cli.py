@@ -15,7 +15,6 @@ from store.prompts import import_prompt_file
 from store.jobs import job_metrics
 from store.prompt_files import read_prompt_file
 from store.policies import get_policy
-from store.pref_files import read_preference_file
 from store.reward_models import get_reward_model
 from store.users import ROLES, check_new_user
 from store.status import project_counts
@@ -24,7 +23,7 @@ from ui.owner.auth import WeakPassword, hash_new_password
 from ui.owner.backup import restore
 from ui.owner.control import command_line_actor, run_action
 from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_reference
-from ui.owner.jobs import run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
+from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rounds import roll_back, round_report, round_summary, run_round
 from ui.owner.simulate import Simulation, simulate as simulate_rounds, training_summary
@@ -313,19 +312,10 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
     Example:
         tether rm eval --data held-out.jsonl --project demo
     """
-    from train.models import resolve_model_path
-    from train.reward_model import load_reward_model
-    from train.snapshot import PreferenceRow as preference_row
-
     project = load_project(project_dir)
     version_row = project.run(get_reward_model, version)
-    rows = [preference_row(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(data_file)]
-    if not rows:
-        raise click.ClickException(f"{data_file} holds no preference pairs")
-    base = project.config.model
-    reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / version_row.adapter_path, base)
-    with tqdm(total=2 * len(rows), unit="response", desc="scoring", file=sys.stderr) as bar:
-        result = reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=bar.update)
+    with tqdm(unit="response", desc="scoring", file=sys.stderr) as bar:
+        result = evaluate_reward_model(project, version_row, data_file, on_scored=bar.update)
     click.echo(
         f"reward model v{version_row.version} on {data_file}: accuracy {_share(result.accuracy)} over {result.pairs} pairs, "
         f"mean margin {result.mean_margin:.3f} ({result.truncated} truncated)"

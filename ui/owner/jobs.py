@@ -28,6 +28,7 @@ from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
 from store.policies import add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
+from store.pref_files import read_preference_file
 from store.rounds import set_policy_to, set_reward_version
 from store.reward_models import (
     RewardModel,
@@ -40,7 +41,7 @@ from store.reward_models import (
 )
 from train.config import RewardModelConfig
 from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
-from train.snapshot import preference_table
+from train.snapshot import PreferenceRow, preference_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
 
@@ -183,6 +184,19 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
         "adapter_path": str(project.root / reward_model.adapter_path),
     }
     return _submit(project, run, "score", config, {"completions": table})
+
+
+def evaluate_reward_model(project: Project, version: RewardModel, data_file: Path, on_scored: Callable[[int], Any]) -> Any:
+    """A reward model's pairwise accuracy on a preference file (a train.reward_model.PairwiseResult), scored in this process."""
+    from train.models import resolve_model_path  # torch and transformers take seconds to import
+    from train.reward_model import load_reward_model
+
+    rows = [PreferenceRow(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(data_file)]
+    if not rows:
+        raise JobError(f"{data_file} holds no preference pairs")
+    base = project.config.model
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / version.adapter_path, base)
+    return reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=on_scored)
 
 
 def submit_ppo(

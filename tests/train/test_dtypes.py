@@ -11,8 +11,7 @@ import torch
 from store import open_database
 from train.config import ModelConfig
 from train.reward_model import load_reward_model
-from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, train_tokenizer
-from tests.test_reward_jobs import toy_preferences
+from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, toy_preferences, train_tokenizer
 from ui.owner.project import init_project
 
 

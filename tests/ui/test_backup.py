@@ -11,8 +11,7 @@ from pathlib import Path
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings
-from tests.test_reward_jobs import toy_preferences
+from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, toy_preferences
 
 PASSWORD = "password-123"
 

@@ -4,12 +4,12 @@ import ast
 import subprocess
 import sys
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 
 from train.files import built_beside, write_durably
 from train.snapshot import SCHEMA, PreferenceRow, conversational, preference_table, read_preferences
+from tests.conftest import REPO
 
 ROWS = [
     PreferenceRow([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit, 好?"}], "A fig.", "Fruit is",
@@ -74,7 +74,7 @@ def test_a_snapshot_round_trips_through_parquet(tmp_path):
 
 def test_the_train_modules_annotate_imports_do_not_import_torch():
     """tests/test_layout.py lets annotate import train for modules like these alone: the export must not wait for torch."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     used = sorted({node.module for path in (repo / "annotate").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "train"})
     assert used

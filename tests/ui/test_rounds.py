@@ -3,27 +3,15 @@
 import json
 import re
 from contextlib import closing
-from pathlib import Path
 
 import pytest
 
 from store import open_database
 from store.prompt_files import read_prompt_file
 from store.prompts import Prompt
-from tests.conftest import DEMO_PROMPTS, run_tether, set_settings, vote_every_pair
+from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair
 from ui.owner.jobs import is_held_back
 from ui.owner.rounds import repeated_trigram_share
-
-
-def short_training(project: Path) -> None:
-    set_settings(project, "ppo", steps=1, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=6)
-    set_settings(project, "reward_model", batch_size=4)
-
-
-def held_back_ids(project: Path, share: float = 0.25) -> set[int]:
-    with closing(open_database(project / "tether.duckdb")) as con:
-        rows = con.execute("SELECT id, content_hash FROM prompts WHERE active").fetchall()
-    return {pid for pid, content_hash in rows if is_held_back(Prompt(pid, [], content_hash, 0), share)}
 
 
 def test_the_held_back_prompts_are_a_stable_share_chosen_by_content():
@@ -91,12 +79,6 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     base, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu"))
     model = PeftModel.from_pretrained(base, str(tiny_project / adapter))  # plain PEFT, no Tether code
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
-
-
-def read_parquet(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
 
 
 def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, tmp_path):

@@ -3,9 +3,10 @@
 from contextlib import closing
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
-from tests.test_ppo import PROMPTS, favoured, first_token_probs, load, peaked_model_dir  # noqa: F401 (fixtures)
-from tests.test_rounds import held_back_ids, read_parquet, short_training, vote_every_pair
+from tests.conftest import (
+    DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, held_back_ids, load_plain, read_parquet, run_tether, set_settings, short_training,
+    vote_every_pair,
+)
 from train.config import GRPOConfig, ModelConfig
 from train.grpo import train_grpo
 from train.reward_model import load_reward_model
@@ -14,12 +15,12 @@ from train.reward_model import load_reward_model
 def test_grpo_raises_the_probability_of_the_token_a_toy_reward_model_favours(peaked_model_dir, favoured, tmp_path):
     token, reward_dir = favoured
     before = first_token_probs(peaked_model_dir)[token].item()
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     reward = load_reward_model(str(peaked_model_dir), reward_dir, ModelConfig(device="cpu"))
     config = GRPOConfig(steps=12, prompts_per_step=4, group_size=4, minibatches=2, epochs=2, max_new_tokens=1, temperature=1.0,
                         learning_rate=3e-4, beta=0.01, missing_eos_penalty=0.0, seed=1)
     steps = []
-    result = train_grpo(model, tokenizer, PROMPTS, reward, config, tmp_path / "policy", on_step=steps.append, on_cpu=True)
+    result = train_grpo(model, tokenizer, PPO_PROMPTS, reward, config, tmp_path / "policy", on_step=steps.append, on_cpu=True)
     after = first_token_probs(peaked_model_dir, tmp_path / "policy")[token].item()  # loaded with plain PEFT
     scores = [s["score"] for s in result["steps"]]
     assert after > 2 * before, (before, after, [round(s, 2) for s in scores])
@@ -54,6 +55,6 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
         "score": 2, "score_std": 2, "kl_per_token": 2, "response_length": 2, "clip_ratio": 2}
     prompts = {r["prompt_id"] for r in read_parquet(tiny_project / "jobs" / str(grpo_job) / "inputs" / "prompts.parquet")}
     assert prompts and not prompts & held_back_ids(tiny_project), "GRPO must not train on the held-back prompts"
-    model = PeftModel.from_pretrained(load(tiny_model_dir)[0], str(tiny_project / adapter))
+    model = PeftModel.from_pretrained(load_plain(tiny_model_dir)[0], str(tiny_project / adapter))
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
     assert "GRPO: steps 2, prompts_per_step 2, group_size 2" in run_tether("rounds", "--project", str(tiny_project), check=True).stdout

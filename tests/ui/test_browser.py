@@ -17,14 +17,14 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether  # noqa: E402
+from tests.conftest import REPO, RunningServer, add_pairs, add_users, run_tether  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run",
 ]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = REPO / "tests" / "artifacts"
 PASSWORD = "password-123"
 WAIT_MS = 20_000
 PAIRS = 8

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import time
 from contextlib import closing
 
 import pyarrow as pa
@@ -11,7 +10,7 @@ import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, worker_pids
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, wait_for, worker_pids
 from train.jobdir import JobDirError, read_job, write_job
 from ui.owner.jobs import WORKER_NICENESS
 
@@ -26,15 +25,6 @@ def slow_project(tiny_project):
     add_pairs(tiny_project, prompts=20)
     add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
     return tiny_project
-
-
-def wait_for(condition, seconds=120.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.3)
-    raise AssertionError("timed out waiting")
 
 
 def job_row(operator: Client, job_id: int) -> list:

@@ -16,8 +16,7 @@ from store.policies import add_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings
-from tests.test_rounds import short_training, vote_every_pair
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings, short_training, vote_every_pair
 from ui.web.loop import CURVES
 from ui.owner.rounds import round_history, round_warnings
 

@@ -17,16 +17,7 @@ from store import open_database
 from train.jobdir import read_job
 from train.snapshot import PreferenceRow, read_preferences
 
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, worker_pids
-
-
-def toy_preferences(path: Path, n: int = 40, start: int = 0) -> Path:
-    rows = [
-        {"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"}
-        for i in range(start, start + n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
 
 @contextmanager
@@ -162,7 +153,6 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
 
 
 def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annotators_are_still_served(tiny_project, tmp_path):
-    from tests.test_jobs import wait_for
 
     with training_app(tiny_project, tmp_path, prompts=10, epochs=50, batch_size=2) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings
-from tests.test_reward_jobs import toy_preferences
+from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings, toy_preferences
 from train.jobdir import read_events
 from ui.owner.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
 from ui.owner.project import load_project

@@ -16,8 +16,7 @@ import pytest
 
 from store import open_database
 from store.jobs import get_job
-from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
-from tests.test_reward_jobs import toy_preferences
+from tests.conftest import DEMO_PROMPTS, run_tether, set_settings, toy_preferences
 from ui.web.app import Server
 from ui.owner.jobs import job_dir, submit_reward_training
 from ui.owner.project import load_project

@@ -86,8 +86,7 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     from peft import PeftModel
 
     from store import open_database
-    from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
-    from tests.test_rounds import held_back_ids, read_parquet, vote_every_pair
+    from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair
 
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1)
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)

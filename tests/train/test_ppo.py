@@ -7,10 +7,9 @@ import textwrap
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import DEMO_PROMPTS, set_settings, shipping_sampling_defaults
-from train.config import ModelConfig, PPOConfig, RewardModelConfig
+from tests.conftest import DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, load_plain, set_settings, shipping_sampling_defaults
+from train.config import ModelConfig, PPOConfig
 from train.generate import end_of_turn_ids
 from train.models import load_model
 from train.ppo import (
@@ -20,7 +19,6 @@ from train.ppo import (
     add_rewards,
     build,
     evaluate,
-    position_ids,
     ppo_step,
     response_logprobs,
     response_values,
@@ -30,87 +28,9 @@ from train.ppo import (
     train_ppo,
     trainable_parameters,
 )
-from train.reward import build_model
 from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, encode, read_reward_adapter
 
-PROMPTS = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Say something nice about music and light."}]]
-
-
-def load(path):
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    return AutoModelForCausalLM.from_pretrained(path), tokenizer
-
-
-@pytest.fixture(scope="module")
-def peaked_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with a sharpened LM head, so its first tokens are a handful of likely ones PPO can see often."""
-    model, tokenizer = load(tiny_model_dir)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40)
-    path = tmp_path_factory.mktemp("peaked")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
-    """(V,) the mean over PROMPTS of the policy's distribution of the first response token."""
-    model, tokenizer = load(model_dir)
-    if policy_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, policy_dir)
-    ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for p in PROMPTS]
-    batch = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
-    positions = position_ids(batch["attention_mask"])
-    with torch.no_grad():
-        logits = model(**batch, position_ids=positions).logits[:, -1]
-    return logits.softmax(-1).mean(0)
-
-
-def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0):
-    """A reward model that favours one token as a one-token response: no LoRA change, and a head
-    along the difference between the hidden state it leaves at the closing EOS (where the score is
-    read) and the mean of the other candidates'. The prompts' own last states are projected out,
-    so the value PPO starts from reads 0 before the response, as a fresh critic would."""
-    model, tokenizer = build_model(str(model_dir), RewardModelConfig())
-    direction, prompt_states = 0, []
-    for messages in PROMPTS:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        ids = torch.tensor([[*prompt, t, tokenizer.eos_token_id] for t in candidates.tolist()])
-        with torch.no_grad():
-            hidden = model.get_base_model().model(input_ids=ids).last_hidden_state  # (N, T, H)
-        direction = direction + hidden[candidates == token_id][0, -1] - hidden[candidates != token_id, -1].mean(0)
-        prompt_states.append(hidden[0, len(prompt) - 1])
-    basis, _ = torch.linalg.qr(torch.stack(prompt_states, dim=1))  # (H, prompts)
-    direction = direction - basis @ (basis.T @ direction)
-    with torch.no_grad():
-        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * direction / direction.norm())
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
-    (out_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512}}))
-    return out_dir
-
-
-@pytest.fixture(scope="module")
-def favoured(peaked_model_dir, tmp_path_factory):
-    """(token, reward_dir): the policy's third-likeliest first token, and a reward model that favours it."""
-    candidates = first_token_probs(peaked_model_dir).topk(20).indices
-    token = candidates[2].item()
-    return token, token_reward_model(peaked_model_dir, token, candidates, tmp_path_factory.mktemp("rm-token"))
-
-
-@pytest.fixture
-def wrapped(peaked_model_dir, favoured):
-    model, tokenizer = load(peaked_model_dir)
-    config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2)
-    reward = read_reward_adapter(favoured[1])
-    return build(model, reward, config), tokenizer, config, RewardScorer(tokenizer, reward.normalization, 512)
-
-
-def one_step(wrapped, beta=0.1, prompts=PROMPTS * 4):
+def one_step(wrapped, beta=0.1, prompts=PPO_PROMPTS * 4):
     model, tokenizer, config, scorer = wrapped
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate)
     return ppo_step(model, scorer, optimizer, prompts, config, AdaptiveKL(beta, 0, 1),
@@ -122,7 +42,7 @@ def test_the_toy_reward_model_favours_its_token(peaked_model_dir, favoured, wrap
     model, tokenizer, config, scorer = wrapped
     candidates = first_token_probs(peaked_model_dir).topk(20).indices
     texts = [tokenizer.decode([t]) for t in candidates.tolist()]
-    for prompt in PROMPTS:
+    for prompt in PPO_PROMPTS:
         scores = reward_scores(model, scorer, [prompt] * len(texts), texts)
         assert candidates[scores.argmax()].item() == token
 
@@ -136,7 +56,7 @@ def test_at_step_0_the_policy_is_the_reference_and_kl_is_0(wrapped):
 
 def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapped):
     model, tokenizer, config, scorer = wrapped
-    batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
+    batch = sample(model, tokenizer, PPO_PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
     args = batch[:4]
     with model.peft_model.disable_adapter():
         before = response_logprobs(model, *args, config.temperature).detach()
@@ -151,8 +71,8 @@ def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapp
 def test_rewards_are_the_kl_penalty_per_token_and_the_score_on_the_last_token_only(wrapped):
     model, tokenizer, config, scorer = wrapped
     one_step(wrapped)  # the policy moves away from the reference, so the KL is not 0
-    batch = sample(model, tokenizer, PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
-    rollout, _ = evaluate(model, scorer, PROMPTS * 4, batch, config)
+    batch = sample(model, tokenizer, PPO_PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
+    rollout, _ = evaluate(model, scorer, PPO_PROMPTS * 4, batch, config)
     beta = 0.5
     kl = add_rewards(rollout, beta)
     mask = rollout.response_mask.bool()
@@ -188,7 +108,7 @@ def test_gae_with_lambda_1_is_the_return_minus_the_value():
 
 def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapped):
     model, tokenizer, config, scorer = wrapped
-    batch = sample(model, tokenizer, PROMPTS, config, end_of_turn_ids(model.peft_model, tokenizer))
+    batch = sample(model, tokenizer, PPO_PROMPTS, config, end_of_turn_ids(model.peft_model, tokenizer))
     query_ids, query_mask, response_ids, response_mask, _ = batch
     together = response_logprobs(model, *batch[:4], 0.7)
     for i in range(2):
@@ -206,11 +126,11 @@ def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapp
 def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favoured, tmp_path):
     token, reward_dir = favoured
     before = first_token_probs(peaked_model_dir)[token].item()
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     config = PPOConfig(steps=12, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-4,
                        kl_coef=0.01, target_kl=0, missing_eos_penalty=0.0, seed=1)
     steps = []
-    result = train_ppo(model, tokenizer, PROMPTS, reward_dir, config, tmp_path / "policy", on_step=steps.append)
+    result = train_ppo(model, tokenizer, PPO_PROMPTS, reward_dir, config, tmp_path / "policy", on_step=steps.append)
     after = first_token_probs(peaked_model_dir, tmp_path / "policy")[token].item()
     assert after > 2 * before, (before, after, [round(s["score"], 2) for s in steps])
     scores = [s["score"] for s in result["steps"]]
@@ -235,9 +155,9 @@ print(out.shape[1] - ids["input_ids"].shape[1])
 
 
 def test_the_saved_policy_loads_with_plain_peft_and_generates(peaked_model_dir, favoured, tmp_path):
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     config = PPOConfig(steps=1, batch_size=4, minibatch_size=2, max_new_tokens=3)
-    train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "policy")
+    train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / "policy")
     assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "kl_controller.json", "ppo_config.json"]
     script = tmp_path / "plain.py"
     script.write_text(textwrap.dedent(PLAIN_GENERATE))
@@ -251,8 +171,7 @@ def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(t
     from contextlib import closing
 
     from store import open_database
-    from tests.conftest import run_tether
-    from tests.test_reward_jobs import toy_preferences
+    from tests.conftest import run_tether, toy_preferences
 
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, max_new_tokens=6)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
@@ -292,10 +211,10 @@ def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
 
 
 def test_at_step_0_the_value_is_a_constant_baseline_on_the_reward_models_features(peaked_model_dir, favoured):
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     wrapped = build(model, read_reward_adapter(favoured[1]), PPOConfig(max_new_tokens=8))
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
-    query_ids, query_mask, response_ids, response_mask, _ = sample(wrapped, tokenizer, PROMPTS * 2, PPOConfig(max_new_tokens=8), eos)
+    query_ids, query_mask, response_ids, response_mask, _ = sample(wrapped, tokenizer, PPO_PROMPTS * 2, PPOConfig(max_new_tokens=8), eos)
     values = response_values(wrapped, query_ids, query_mask, response_ids, response_mask)
     assert values.shape == response_ids.shape and torch.equal(values, torch.zeros_like(values))
     # The value adapter is the reward model's, so the head learns on features that already track the reward.
@@ -309,7 +228,7 @@ def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is
     config = PPOConfig(max_new_tokens=8, temperature=0.9)
     wrapped = build(model, read_reward_adapter(favoured[1]), config)
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
-    query_ids, query_mask, *_ = sample(wrapped, tokenizer, PROMPTS * 4, config, eos)
+    query_ids, query_mask, *_ = sample(wrapped, tokenizer, PPO_PROMPTS * 4, config, eos)
     torch.manual_seed(3)
     out = wrapped.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos),
                                       output_scores=True, return_dict_in_generate=True)
@@ -328,11 +247,11 @@ def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_le
     from train.reward_model import load_reward_model
 
     reward_dir = reward_copy(favoured[1], tmp_path, max_length=14)
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     reward = read_reward_adapter(reward_dir)
     wrapped = build(model, reward, PPOConfig())
     long_prompt = [{"role": "user", "content": "Tell me about music, light, fruit and the sea, all of it, at length please."}]
-    prompts, texts = [long_prompt, PROMPTS[0], PROMPTS[1]], ["Music is light.", "A fig", ""]
+    prompts, texts = [long_prompt, PPO_PROMPTS[0], PPO_PROMPTS[1]], ["Music is light.", "A fig", ""]
     assert len(encode(tokenizer, long_prompt, texts[0], 10_000).input_ids) > 14  # so the cut matters
     ppo = reward_scores(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length), prompts, texts)
     rm_score = load_reward_model(str(peaked_model_dir), reward_dir).score(prompts, texts)
@@ -350,7 +269,7 @@ def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_mo
     shutil.copytree(favoured[1], broken)
     weights = load_file(str(broken / "adapter_model.safetensors"))
     save_file({k.replace("layers.1.", "layers.7."): v for k, v in weights.items()}, str(broken / "adapter_model.safetensors"))
-    model, _ = load(peaked_model_dir)
+    model, _ = load_plain(peaked_model_dir)
     with pytest.raises(ModelError, match="rm-other-model does not fit this model: .* match no layer"):
         build(model, read_reward_adapter(broken), PPOConfig())
 
@@ -373,10 +292,10 @@ def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrap
 
 
 def test_beta_goes_on_from_the_policy_version_and_a_step_over_the_kl_budget_ends_the_run(peaked_model_dir, favoured, tmp_path):
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     config = PPOConfig(steps=3, batch_size=4, minibatch_size=4, max_new_tokens=4, temperature=1.0, learning_rate=3e-3,
                        kl_coef=0.1, target_kl=0.01, kl_horizon=2)
-    first = train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "v1")["steps"]
+    first = train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / "v1")["steps"]
     saved = json.loads((tmp_path / "v1" / "kl_controller.json").read_text())["beta"]
     assert first[0]["beta"] == 0.1
     for before, after in zip(first, first[1:] + [{"beta": saved}]):  # each step moves beta by at most 20% / kl_horizon
@@ -384,9 +303,9 @@ def test_beta_goes_on_from_the_policy_version_and_a_step_over_the_kl_budget_ends
         assert after["beta"] == pytest.approx(before["beta"] * (1 + error / 2))
     assert saved != 0.1
 
-    model, tokenizer = load(peaked_model_dir)
+    model, tokenizer = load_plain(peaked_model_dir)
     steps = []
-    train_ppo(model, tokenizer, PROMPTS, favoured[1], config, tmp_path / "v2", tmp_path / "v1", steps.append, kl_budget=1e-6)
+    train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / "v2", tmp_path / "v1", steps.append, kl_budget=1e-6)
     assert steps[0]["beta"] == saved  # the next round starts where the last one ended
     assert steps[0]["kl"] > 1e-6 and steps[0]["kl_to_start"] == 0.0  # v1 is far from v0, and is where this run starts
     assert len(steps) == 1 and steps[0]["over_budget"] == 1.0 and "policy_loss" not in steps[0]  # stopped before updating

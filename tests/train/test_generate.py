@@ -13,14 +13,7 @@ from train.config import GenerationConfig, ModelConfig
 from train.errors import ModelError
 from train.generate import generate
 from train.models import load_model
-from tests.conftest import DEMO_PROMPTS, run_tether, shipping_sampling_defaults
-
-PROMPTS = [
-    [{"role": "user", "content": "Hi"}],
-    [{"role": "system", "content": "Be brief and kind."}, {"role": "user", "content": "How do plants make their food?"}],
-    [{"role": "user", "content": "Why do cats purr when they are happy?"}],
-]
-
+from tests.conftest import CHAT_PROMPTS, DEMO_PROMPTS, run_tether, shipping_sampling_defaults
 
 def reference_greedy(model, tokenizer, messages, max_new_tokens, eos_ids):
     """One prompt at a time, no padding: plain transformers, the ground truth for batching."""
@@ -36,15 +29,15 @@ def test_batched_generation_matches_one_at_a_time_with_counts_and_eos(tiny_model
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     # The random model never says <|im_end|>; make a token it does produce a second end-of-turn
     # token (as Llama 3 has two), so that some completions finish early and some hit the limit.
-    plain = reference_greedy(model, tokenizer, PROMPTS[0], 10, [tokenizer.eos_token_id])
+    plain = reference_greedy(model, tokenizer, CHAT_PROMPTS[0], 10, [tokenizer.eos_token_id])
     stop = tokenizer(plain[0])["input_ids"][3]
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, stop]
     eos_ids = [tokenizer.eos_token_id, stop]
 
     config = GenerationConfig(temperature=0, max_new_tokens=10, batch_size=3, per_prompt=1)
-    results = generate(model, tokenizer, PROMPTS, config, progress=False)
+    results = generate(model, tokenizer, CHAT_PROMPTS, config, progress=False)
 
-    expected = [reference_greedy(model, tokenizer, p, 10, eos_ids) for p in PROMPTS]
+    expected = [reference_greedy(model, tokenizer, p, 10, eos_ids) for p in CHAT_PROMPTS]
     assert [(g.text, g.token_count, g.finished) for g in results] == expected
     assert [g.prompt_index for g in results] == [0, 1, 2]
     assert results[0].finished and results[0].token_count <= 5
@@ -53,25 +46,25 @@ def test_batched_generation_matches_one_at_a_time_with_counts_and_eos(tiny_model
 
 def test_pairs_are_sampled_with_tethers_settings_only_not_the_models_own(tiny_model_dir, tmp_path):
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
-    ids = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
     greedy = dict(do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id)
     penalised = model.generate(**ids, **greedy, repetition_penalty=1.3, no_repeat_ngram_size=2)
     assert not torch.equal(penalised, model.generate(**ids, **greedy))  # the defaults below would change these samples
 
     config = GenerationConfig(temperature=0, max_new_tokens=12, batch_size=3, per_prompt=1)
-    plain = generate(model, tokenizer, PROMPTS, config, progress=False)
+    plain = generate(model, tokenizer, CHAT_PROMPTS, config, progress=False)
     shipped = load_model(ModelConfig(name_or_path=str(shipping_sampling_defaults(tiny_model_dir, tmp_path))))
-    assert generate(*shipped, PROMPTS, config, progress=False) == plain  # what [generation] says, and nothing the model ships
+    assert generate(*shipped, CHAT_PROMPTS, config, progress=False) == plain  # what [generation] says, and nothing the model ships
 
 
 def test_sampling_returns_per_prompt_completions_grouped_by_prompt(tiny_model_dir):
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     config = GenerationConfig(temperature=1.0, max_new_tokens=8, batch_size=4, per_prompt=3, seed=1)
-    results = generate(model, tokenizer, PROMPTS, config, progress=False)
+    results = generate(model, tokenizer, CHAT_PROMPTS, config, progress=False)
     assert [g.prompt_index for g in results] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert all(0 < g.token_count <= 8 and g.text for g in results)
     assert len({g.text for g in results}) > 1  # sampled, not greedy
-    again = generate(model, tokenizer, PROMPTS, config, progress=False)
+    again = generate(model, tokenizer, CHAT_PROMPTS, config, progress=False)
     assert sorted(g.text for g in again) == sorted(g.text for g in results)  # the seed reproduces
 
 
@@ -164,7 +157,7 @@ def test_progress_is_reported_after_each_batch(tiny_model_dir):
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     reports = []
     config = GenerationConfig(temperature=0, max_new_tokens=4, batch_size=2, per_prompt=1)
-    generate(model, tokenizer, PROMPTS, config, progress=False, on_progress=lambda done, total: reports.append((done, total)))
+    generate(model, tokenizer, CHAT_PROMPTS, config, progress=False, on_progress=lambda done, total: reports.append((done, total)))
     assert reports == [(2, 3), (3, 3)]
 
 
@@ -175,7 +168,7 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
     policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).eval()
     # Answers of different lengths, one cut at the limit (no EOS), so the batch is left-padded.
     answers = [Generated(0, "music and light", 4, True), Generated(1, "the end of the day is near", 7, False), Generated(2, "yes", 2, True)]
-    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=3) == 0.0  # LoRA's B starts at zero
+    assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=3) == 0.0  # LoRA's B starts at zero
 
     torch.manual_seed(0)
     with torch.no_grad():
@@ -184,7 +177,7 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
                 param.normal_(0, 0.05)
 
     def alone(answer) -> float:
-        prompt = tokenizer.apply_chat_template(PROMPTS[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        prompt = tokenizer.apply_chat_template(CHAT_PROMPTS[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         response = tokenizer.encode(answer.text, add_special_tokens=False) + [tokenizer.eos_token_id] * answer.finished
         ids = torch.tensor([prompt + response])
         with torch.no_grad():
@@ -197,5 +190,5 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
 
     expected = sum(map(alone, answers)) / len(answers)
     assert expected != 0
-    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
-    assert kl_to_base(policy, tokenizer, PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)
+    assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
+    assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)
