@@ -20,7 +20,7 @@ from annotate.agreement import agreement_share, majority
 from store import Connection, StoreError
 from store.export import CastVote, VotedPair, voted_pairs
 from train.files import built_beside
-from train.snapshot import MESSAGES, PreferenceRow, assistant, conversational
+from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
 
 # Explicit column types, so that a column that happens to be all null (no policy versions for
 # imported completions, no strengths) keeps its type in Parquet and in a datasets directory.
@@ -28,12 +28,7 @@ PREFERENCE_SCHEMA = pa.schema([
     ("prompt", MESSAGES),
     ("chosen", MESSAGES),
     ("rejected", MESSAGES),
-    ("pair_id", pa.int64()),
-    ("prompt_id", pa.int64()),
-    ("chosen_completion_id", pa.int64()),
-    ("rejected_completion_id", pa.int64()),
-    ("chosen_policy", pa.int64()),
-    ("rejected_policy", pa.int64()),
+    *(SCHEMA.field(name) for name in ID_COLUMNS),
     ("annotators", pa.list_(pa.string())),  # those who voted for the chosen completion, in vote order
     ("strengths", pa.list_(pa.string())),  # their strengths, 'slight', 'much' or null
     ("votes", pa.int64()),  # all votes on the pair
@@ -153,12 +148,7 @@ def _export_row(pair: VotedPair) -> dict[str, Any]:
     backing = [vote for vote in pair.votes if vote.choice == winner]
     return {
         **conversational(row),
-        "pair_id": row.pair_id,
-        "prompt_id": row.prompt_id,
-        "chosen_completion_id": row.chosen_completion_id,
-        "rejected_completion_id": row.rejected_completion_id,
-        "chosen_policy": row.chosen_policy,
-        "rejected_policy": row.rejected_policy,
+        **{name: getattr(row, name) for name in ID_COLUMNS},
         "annotators": [vote.annotator for vote in backing],
         "strengths": [vote.strength for vote in backing],
         "votes": len(pair.votes),

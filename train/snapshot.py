@@ -51,6 +51,9 @@ SCHEMA = pa.schema([  # PreferenceRow's fields, in order
     ("rejected_policy", pa.int64()),
 ])
 
+# Where each row came from: the pair, its prompt, and each reply's completion and the policy that wrote it.
+ID_COLUMNS = ("pair_id", "prompt_id", "chosen_completion_id", "rejected_completion_id", "chosen_policy", "rejected_policy")
+
 
 def assistant(text: str) -> Messages:
     """A reply as TRL's conversational format holds it: one assistant message."""
