@@ -1,7 +1,6 @@
 """The `tether` command: one thin verb per task, each delegating to the package that owns it."""
 
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import click
@@ -91,8 +90,7 @@ def import_prompts(file: Path, project_dir: Path):
         tether prompts import prompts.jsonl --project demo
     """
     project = load_project(project_dir)
-    with closing(project.connect()) as con:
-        result = import_prompt_file(con, file)
+    result = project.run(import_prompt_file, file)
     click.echo(f"imported {result.added} prompts from {file} ({result.duplicates} already present)")
 
 
@@ -113,8 +111,7 @@ def import_prefs(file: Path, project_dir: Path):
         tether import-prefs hh-rlhf.jsonl.gz --project demo
     """
     project = load_project(project_dir)
-    with closing(project.connect()) as con:
-        result = import_preference_file(con, file)
+    result = project.run(import_preference_file, file)
     click.echo(f"imported {result.added} comparisons from {file} ({result.duplicates} already present)")
 
 
@@ -545,8 +542,7 @@ def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None,
         tether export --format jsonl --out votes.jsonl --include-ties --min-agreement 0.6
     """
     project = load_project(project_dir)
-    with closing(project.connect()) as con:
-        result = export_preferences(con, out, fmt, include_ties, min_agreement)
+    result = project.run(export_preferences, out, fmt, include_ties, min_agreement)
     if include_ties:
         click.echo(f"wrote {result.rows} votes on {result.pairs} pairs to {out}, ties and both-bad included "
                    f"({result.below_agreement} pairs below agreement left out)")
@@ -568,8 +564,7 @@ def status(project_dir: Path):
     from train.models import describe_device, uses_bf16
 
     project = load_project(project_dir)
-    with closing(project.connect()) as con:
-        counts = project_counts(con)
+    counts = project.run(project_counts)
     config = project.config
     autocast = {name: "on" if uses_bf16(precision) else "off"
                 for name, precision in (("reward model", config.reward_model.precision), ("PPO", config.ppo.precision))}
