@@ -4,7 +4,9 @@ A simulated annotator prefers A over B with probability sigmoid((judge(A) - judg
 so a judge's scale matters only against the noise T. The built-in ones are simple on purpose:
 they give the loop a target whose progress is easy to see and to check. Their units are set so
 that T = 1 is a noisy annotator, not a coin: ten words for `concise`, and one percentage point of
-the answer's words for the two that measure a density.
+the answer's words for the ones that measure a density. All but `concise` are length-neutral: a
+density over at least 20 words, so an answer said twice scores as once, padding dilutes it, and
+a bare fragment cannot win.
 """
 
 import importlib
@@ -68,7 +70,63 @@ def specific(prompt: str, completion: str) -> float:
     return 100 * (concrete - vague) / max(words, 20)
 
 
-BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive, "specific": specific}
+# Words too common in questions to say what one is about.
+QUESTION_WORDS = frozenset(
+    "about after also been before being between both could does doing each explain describe from have into just like "
+    "make more most much only other over same should some such than that their them then there these they this those "
+    "through very what when where which while with would your yours give tell write please list short brief help want "
+    "need know".split()
+)
+STEP_WORDS = frozenset("first second third fourth fifth firstly secondly thirdly finally step steps".split())
+HEDGES = frozenset(
+    "maybe perhaps possibly probably might unsure depends depending generally usually typically somewhat arguably "
+    "sorry cannot can't unable apologize apologise unfortunately".split()
+)
+OPENING = 20  # words: where a direct answer already says what matters
+
+
+def direct(prompt: str, completion: str) -> float:
+    """Direct, concrete answers: the question's own key words, numbers and steps, minus hedges and refusals.
+
+    In percent of the answer's words (at least 20), averaged with the same count in percent of its
+    opening 20 words, so saying it early counts as much as the whole rest. One such word more in a
+    100-word answer's body is half a unit, in its opening three units. Key words are the prompt's
+    words of four letters or more, matched on their first five letters ("boil" finds "boiling").
+    """
+    keys = {w[:5] for w in WORD.findall(prompt.lower()) if len(w) >= 4 and w not in QUESTION_WORDS}
+    values = [_directness(token, keys) for token in TOKEN.findall(completion)]
+    bullets = len(re.findall(r"^\s*[-*•]\s", completion, re.MULTILINE))  # list items are steps too
+    whole = (sum(values) + bullets) / max(len(values), OPENING)
+    opening = sum(values[:OPENING]) / OPENING
+    return 100 * (whole + opening) / 2
+
+
+def _directness(token: str, keys: set[str]) -> int:
+    word = token.lower()
+    if token[0].isdigit() or word in STEP_WORDS or (len(word) >= 4 and word[:5] in keys):
+        return 1
+    return -1 if word in HEDGES else 0
+
+
+COURTESY = frozenset("please thank thanks welcome glad appreciate kindly hope gladly pleasure grateful sincerely".split())
+READER = frozenset("you your yours yourself you're you'll you've you'd".split())
+DISMISSIVE = frozenset(
+    "stupid dumb idiot idiotic obviously whatever nonsense ridiculous pathetic lazy shut damn crap duh silly".split()
+)
+
+
+def polite(prompt: str, completion: str) -> float:
+    """Tone: a courteous register that speaks to the reader (please, thank you, hope, you and your), minus
+    dismissive or rude words, in percent of the answer's words (at least 20).
+
+    It judges how an answer speaks, not what it says: one such word more in a 100-word answer is one unit.
+    """
+    words = WORD.findall(completion.lower())
+    warm = sum(w in COURTESY or w in READER for w in words)
+    return 100 * (warm - sum(w in DISMISSIVE for w in words)) / max(len(words), 20)
+
+
+BUILT_IN: dict[str, Judge] = {"concise": concise, "positive": positive, "specific": specific, "direct": direct, "polite": polite}
 
 
 class JudgeError(Exception):
@@ -76,7 +134,7 @@ class JudgeError(Exception):
 
 
 def load_judge(spec: str) -> Judge:
-    """A judge by name: a built-in one ('concise', 'positive'), `module:FUNC` or `PATH.py:FUNC`."""
+    """A judge by name: a built-in one (BUILT_IN), `module:FUNC` or `PATH.py:FUNC`."""
     if spec in BUILT_IN:
         return BUILT_IN[spec]
     source, _, name = spec.rpartition(":")

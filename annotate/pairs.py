@@ -1,8 +1,9 @@
 """Building pairs to compare from completions."""
 
 from collections import defaultdict
+from itertools import combinations
 
-from annotate.queue import QueueConfig
+from annotate.queue import QueueConfig, preference_spread
 
 from store import Connection, transaction
 from store.completions import Completion, NewCompletion, NewPair, add_completions, add_pairs, completions_of
@@ -11,8 +12,9 @@ SAME_POLICY = "same_policy"
 CROSS_VERSION = "cross_version"
 
 
-def pair_within_prompts(completions: list[Completion], queue: QueueConfig) -> list[NewPair]:
-    """Pair up completions of the same prompt and policy, two by two in the order given.
+def pair_within_prompts(completions: list[Completion], queue: QueueConfig, pairs_per_prompt: int | None = None) -> list[NewPair]:
+    """Pair up completions of the same prompt and policy: two by two in the order given or, given
+    pairs_per_prompt, that many pairs per prompt chosen by the reward model's heads.
 
     A completion whose text repeats one already seen for its prompt is left out: a pair of
     identical texts asks the annotator nothing. An odd one out stays unpaired. A share of the
@@ -26,8 +28,22 @@ def pair_within_prompts(completions: list[Completion], queue: QueueConfig) -> li
     return [
         NewPair(a.prompt_id, a.id, b.id, SAME_POLICY, queue.draw_votes_wanted())
         for group in groups.values()
-        for a, b in zip(group[0::2], group[1::2])
+        for a, b in (zip(group[0::2], group[1::2]) if pairs_per_prompt is None else most_disputed(group, pairs_per_prompt))
     ]
+
+
+def most_disputed(group: list[Completion], count: int) -> list[tuple[Completion, Completion]]:
+    """Up to `count` pairs of the group, no completion in two, each in turn the one on which the reward
+    model's heads disagree most (preference_spread); in the order given where unscored."""
+    candidates = sorted(
+        combinations(group, 2), key=lambda pair: -(preference_spread(pair[0].reward_heads, pair[1].reward_heads) or 0.0)
+    )
+    chosen, used = [], set()
+    for a, b in candidates:
+        if len(chosen) < count and a.id not in used and b.id not in used:
+            chosen.append((a, b))
+            used |= {a.id, b.id}
+    return chosen
 
 
 def pair_across_versions(newer: list[Completion], older: list[Completion], queue: QueueConfig) -> list[NewPair]:
@@ -50,17 +66,18 @@ def pair_across_versions(newer: list[Completion], older: list[Completion], queue
 
 
 def add_completions_with_pairs(
-    con: Connection, completions: list[NewCompletion], queue: QueueConfig, against: int | None = None
+    con: Connection, completions: list[NewCompletion], queue: QueueConfig, against: int | None = None,
+    pairs_per_prompt: int | None = None,
 ) -> tuple[list[Completion], list[NewPair]]:
     """Store new completions and the pairs built from them, in one transaction.
 
-    Pairs are within each prompt, or, given `against`, each new completion against one of that
-    policy version on the same prompt.
+    Pairs are within each prompt (pairs_per_prompt of them chosen by the reward model, when given),
+    or, given `against`, each new completion against one of that policy version on the same prompt.
     """
     with transaction(con):
         stored = add_completions(con, completions)
         if against is None:
-            pairs = pair_within_prompts(stored, queue)
+            pairs = pair_within_prompts(stored, queue, pairs_per_prompt)
         else:
             pairs = pair_across_versions(stored, completions_of(con, against, sorted({c.prompt_id for c in stored})), queue)
         add_pairs(con, pairs)

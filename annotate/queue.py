@@ -16,11 +16,33 @@ from store.queue import (
 from store.votes import Vote, checked_comment, earlier_vote, insert_votes, stored_choice, vote_row
 
 
+def preference_spread(heads_a: list[float] | None, heads_b: list[float] | None) -> float | None:
+    """How much a reward model's heads disagree on whether a beats b: the std across heads of each head's
+    Bradley-Terry probability sigmoid(a_k - b_k), on raw scores (the units each head was fitted in).
+
+    Near 0 where the heads agree, sure or unsure alike, so a pair whose answer every head already
+    knows asks people nothing new. 0 for a single head; None until both are scored.
+    """
+    if heads_a is None or heads_b is None or len(heads_a) != len(heads_b):
+        return None
+    probabilities = [1 / (1 + math.exp(max(-60.0, min(60.0, b - a)))) for a, b in zip(heads_a, heads_b)]
+    if len(probabilities) < 2:
+        return 0.0
+    mean = sum(probabilities) / len(probabilities)
+    return math.sqrt(sum((p - mean) ** 2 for p in probabilities) / (len(probabilities) - 1))
+
+
+def _most_uncertain_first(pair: OpenPair, r: float) -> tuple:
+    spread = preference_spread(pair.heads_a, pair.heads_b)
+    return (1, r) if spread is None else (0, -spread, r)  # unscored pairs after the scored ones, in random order
+
+
 # Each strategy's order as a sort key; the random part breaks ties.
 SORT_KEYS: dict[str, Callable[[OpenPair, float], tuple]] = {
     "random": lambda pair, r: (r,),
     "newest_policy_first": lambda pair, r: (-pair.newest_policy, r),
     "uncertain": lambda pair, r: (math.inf if pair.reward_gap is None else pair.reward_gap, r),
+    "active": _most_uncertain_first,
 }
 
 
@@ -35,10 +57,18 @@ ANSWERED = "you have answered this pair already"
 @dataclass
 class QueueConfig:
     strategy: str = field(
-        default="random",
-        metadata={"help": "Which pair an annotator gets next: 'random', 'newest_policy_first' (pairs with the newest "
-                          "policy's completions first) or 'uncertain' (closest reward-model scores first; random "
-                          "until a reward model has scored completions)."},
+        default="active",
+        metadata={"help": "Which pairs annotators see, and in what order: 'active' (once a reward model exists, each pair "
+                          "is chosen from `candidates` answers per pair wanted, as the two on which the reward model's heads "
+                          "disagree most, and the pairs they disagree on most are served first: a vote there teaches the "
+                          "most; random before the first reward model), 'random', 'newest_policy_first' (pairs with the "
+                          "newest policy's completions first) or 'uncertain' (closest reward-model scores first)."},
+    )
+    candidates: int = field(
+        default=4,
+        metadata={"help": "With 'active' and a reward model: answers sampled for each pair to annotate, of which the reward "
+                          "model picks the two its heads disagree on most. More finds more informative pairs for more "
+                          "generation time; 2 leaves the choice to chance."},
     )
     lease_seconds: int = field(default=600, metadata={"help": "A served pair left unanswered this long goes back to the queue."})
     overlap_share: float = field(default=0.2, metadata={"help": "Share of new pairs that several annotators vote on, to measure agreement."})
@@ -47,6 +77,8 @@ class QueueConfig:
     def __post_init__(self):
         if self.strategy not in SORT_KEYS:
             raise ValueError(f"strategy must be one of {', '.join(SORT_KEYS)}, got {self.strategy!r}")
+        if self.candidates < 2:
+            raise ValueError(f"candidates must be at least 2, got {self.candidates}")
         if self.lease_seconds < 1:
             raise ValueError(f"lease_seconds must be at least 1, got {self.lease_seconds}")
         if not 0 <= self.overlap_share <= 1:
@@ -187,8 +219,8 @@ class LiveQueue:
         return len(new)
 
     def reorder(self, con: Connection, now: datetime) -> None:
-        """Sort again by fresh scores (after a reward model scored completions), for the 'uncertain' order."""
-        if self.config.strategy == "uncertain":
+        """Sort again by fresh scores (after a reward model scored completions), for the orders that use them."""
+        if self.config.strategy in ("uncertain", "active"):
             self._rebuild(con, now)
 
     # ---- what annotators do ----
@@ -216,7 +248,8 @@ class LiveQueue:
             raise
         return [
             Outcome(showing and Assignment(showing.lease.token, showing.lease.pair_id, messages[showing.prompt_id],
-                                           texts[showing.left], texts[showing.right], showing.lease.served_at),
+                                           texts[showing.left][0], texts[showing.right][0], showing.lease.served_at,
+                                           texts[showing.left][1], texts[showing.right][1]),
                     vote, refused)
             for vote, showing, refused in done
         ]

@@ -5,7 +5,9 @@ the queue config asks for) and vote through it as people do, with source 'simula
 without noise, also compares two policies' answers to held-out evaluation prompts.
 """
 
+import itertools
 import json
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,13 +30,19 @@ class Votes:
     """Simulated votes cast, and how much they can teach."""
 
     cast: int = 0
-    agreement: float = 0.0  # summed over the votes: the chance each had of siding with the noiseless judge
+    expected: float = 0.0  # summed over the votes: the chance each had of siding with the noiseless judge
+    sided: float = 0.0  # the votes that did side with the noiseless judge, a tie in its score counting half
 
     @property
     def ceiling(self) -> float | None:
         """The share of the votes expected to side with the noiseless judge: no reward model fitted to
         them can agree with them more often, and near 0.5 they carry almost nothing to learn."""
-        return self.agreement / self.cast if self.cast else None
+        return self.expected / self.cast if self.cast else None
+
+    @property
+    def agreement(self) -> float | None:
+        """The share of the votes that sided with the noiseless judge: the ceiling as it fell."""
+        return self.sided / self.cast if self.cast else None
 
 
 def cast_votes(
@@ -65,14 +73,75 @@ def _cast_votes(con: Connection, config: QueueConfig, judge: Judge, noise: float
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
         margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
-        choice = "left" if prefers_first(margin, noise, rng) else "right"
+        first = prefers_first(margin, noise, rng)
+        choice = "left" if first else "right"
         # serve_next=False: the annotator's next pair is served on its next turn, so none is left leased at the end.
         (voted,) = queue.act(con, [Action("vote", annotator, assignment.token, choice, source="simulate", serve_next=False)], utcnow())
         if voted.refused:
             raise RuntimeError(f"a simulated vote was refused: {voted.refused}")
         votes.cast += 1
-        votes.agreement += 0.5 if margin == 0 else 1.0 if noise == 0 else sigmoid(abs(margin) / noise)
+        votes.expected += chance_of_siding(margin, noise)
+        votes.sided += 0.5 if margin == 0 else float(first == (margin > 0))
     return votes
+
+
+def chance_of_siding(margin: float, noise: float) -> float:
+    """The chance that a vote at noise T sides with the noiseless judge, whose margin is judge(a) - judge(b); a tie counts half."""
+    return 0.5 if margin == 0 else 1.0 if noise == 0 else sigmoid(abs(margin) / noise)
+
+
+def expected_agreement(margins: list[float], noise: float) -> float:
+    """The share of votes on pairs with these judge margins expected to side with the noiseless judge at noise T."""
+    return sum(chance_of_siding(m, noise) for m in margins) / len(margins)
+
+
+class UnreachableAgreement(ValueError):
+    """No noise temperature makes votes on these pairs side with the judge as often as asked."""
+
+
+def noise_for_agreement(margins: list[float], agreement: float) -> float:
+    """The noise T at which votes on pairs with these judge margins side with the noiseless judge `agreement` of the time.
+
+    The expected agreement falls from its most at T -> 0 (every vote on a pair the judge tells
+    apart sides with it, a vote on a tie half the time) to 0.5 as T grows; so bracket the target,
+    then bisect on log T, since margins, and so T, may be of any scale.
+    """
+    if not margins:
+        raise UnreachableAgreement("no two answers to the same prompt to set the noise on")
+    ties = sum(m == 0 for m in margins) / len(margins)
+    most = 1 - ties / 2
+    if agreement <= 0.5:
+        raise UnreachableAgreement(f"agreement must be above 0.5, got {agreement}: votes that side with the judge half the "
+                                   f"time are coin flips, and no noise makes them side with it less")
+    if agreement >= most:
+        raise UnreachableAgreement(
+            f"agreement {agreement} cannot be reached: the judge scores {ties:.0%} of the {len(margins)} pairs the same, and a vote "
+            f"on a tie sides with it only half the time, so even noiseless votes agree {most:.1%} of the time at most"
+        )
+    apart = sorted(abs(m) for m in margins if m != 0)
+    low = high = apart[len(apart) // 2]  # the median margin: T is of its scale
+    while expected_agreement(margins, low) < agreement:
+        low /= 2
+    while expected_agreement(margins, high) > agreement:
+        high *= 2
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        if expected_agreement(margins, middle) > agreement:
+            low = middle
+        else:
+            high = middle
+    return math.sqrt(low * high)
+
+
+def within_prompt_margins(judge: Judge, prompts: list[Messages], answers: list[str]) -> list[float]:
+    """The judge's margin on every pair of two answers to the same prompt; the answers are grouped by prompt, in prompt order."""
+    per_prompt = len(answers) // len(prompts)
+    margins = []
+    for i, messages in enumerate(prompts):
+        prompt = last_user_message(messages)
+        scores = [judge(prompt, answer) for answer in answers[i * per_prompt : (i + 1) * per_prompt]]
+        margins += [a - b for a, b in itertools.combinations(scores, 2)]
+    return margins
 
 
 @dataclass(frozen=True)

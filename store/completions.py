@@ -16,6 +16,8 @@ _COMPLETION_SCHEMA = pa.schema([
     ("token_count", pa.int32()),
     ("finished", pa.bool_()),
     ("sampling", pa.string()),
+    ("reward", pa.float64()),
+    ("reward_heads", pa.list_(pa.float64())),
 ])
 
 _PAIR_SCHEMA = pa.schema([
@@ -35,6 +37,8 @@ class NewCompletion:
     token_count: int
     finished: bool
     sampling: dict[str, Any]
+    reward: float | None = None  # scored by the latest reward model as it was sampled, or not yet
+    reward_heads: list[float] | None = None  # each head's raw score
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Completion:
     text: str
     token_count: int
     finished: bool
+    reward_heads: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def add_completions(con: Connection, completions: list[NewCompletion]) -> list[C
     ]
     insert_rows(con, "completions", rows, _COMPLETION_SCHEMA)
     return [
-        Completion(id_, c.prompt_id, c.policy_version, c.text, c.token_count, c.finished)
+        Completion(id_, c.prompt_id, c.policy_version, c.text, c.token_count, c.finished, c.reward_heads)
         for id_, c in zip(ids, completions)
     ]
 
@@ -85,12 +90,12 @@ def completions_to_score(con: Connection) -> list[tuple[int, str, str]]:
     ).fetchall()
 
 
-def set_rewards(con: Connection, rewards: dict[int, float]) -> None:
-    """Store reward-model scores on completions, replacing earlier ones."""
-    batch = pa.table({"id": list(rewards), "reward": list(rewards.values())})
+def set_rewards(con: Connection, rewards: dict[int, tuple[float, list[float]]]) -> None:
+    """Store reward-model scores on completions, replacing earlier ones: by id, the reward and each head's raw score."""
+    batch = pa.table({"id": list(rewards), "reward": [r for r, _ in rewards.values()], "heads": [h for _, h in rewards.values()]})
     con.register("_rewards", batch)
     try:
-        con.execute("UPDATE completions SET reward = r.reward FROM _rewards r WHERE completions.id = r.id")
+        con.execute("UPDATE completions SET reward = r.reward, reward_heads = r.heads FROM _rewards r WHERE completions.id = r.id")
     finally:
         con.unregister("_rewards")
 
@@ -99,7 +104,7 @@ def completions_of(con: Connection, policy_version: int, prompt_ids: list[int]) 
     """A policy version's completions of these prompts, oldest first."""
     rows = con.execute(
         """
-        SELECT id, prompt_id, policy_version, text, token_count, finished FROM completions
+        SELECT id, prompt_id, policy_version, text, token_count, finished, reward_heads FROM completions
         WHERE policy_version = ? AND list_contains(?, prompt_id) ORDER BY id
         """,
         [policy_version, prompt_ids],

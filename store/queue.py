@@ -24,6 +24,8 @@ class Assignment:
     left_text: str
     right_text: str
     served_at: datetime
+    left_finished: bool = True  # False for an answer cut at the length limit; an imported one counts as ended
+    right_finished: bool = True
 
 
 @dataclass(slots=True)
@@ -69,15 +71,19 @@ def release_leases(con: Connection, now: datetime) -> int:
 
 # ---- for the server's queue in memory (annotate.queue.LiveQueue): point lookups and its rebuild ----
 
-def served_texts(con: Connection, prompt_ids: set[int], completion_ids: set[int]) -> tuple[dict[int, str], dict[int, str]]:
-    """Prompts' messages (JSON) and completions' texts, by id: index lookups, not joins."""
-    return _by_id(con, "SELECT id, messages FROM prompts", prompt_ids), _by_id(con, "SELECT id, text FROM completions", completion_ids)
+def served_texts(
+    con: Connection, prompt_ids: set[int], completion_ids: set[int]
+) -> tuple[dict[int, str], dict[int, tuple[str, bool]]]:
+    """Prompts' messages (JSON), and completions' texts and whether they ended, by id: index lookups, not joins."""
+    prompts = _by_id(con, "SELECT id, messages FROM prompts", prompt_ids)
+    completions = _by_id(con, "SELECT id, text, finished IS NOT false FROM completions", completion_ids)
+    return {id_: messages for id_, messages in prompts}, {id_: (text, finished) for id_, text, finished in completions}
 
 
-def _by_id(con: Connection, select: str, ids: set[int]) -> dict[int, str]:
+def _by_id(con: Connection, select: str, ids: set[int]) -> list[tuple]:
     if not ids:
-        return {}
-    return dict(con.execute(f"{select} WHERE id IN ({placeholders(len(ids))})", list(ids)).fetchall())
+        return []
+    return con.execute(f"{select} WHERE id IN ({placeholders(len(ids))})", list(ids)).fetchall()
 
 
 _LEASES = """
@@ -104,6 +110,8 @@ class OpenPair:
     votes: int
     newest_policy: int  # -1 when neither completion is a policy's
     reward_gap: float | None  # None until a reward model has scored both
+    heads_a: list[float] | None  # each reward-model head's raw score of completion a; None until scored
+    heads_b: list[float] | None
 
 
 def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
@@ -111,7 +119,8 @@ def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
     rows = con.execute(
         """
         SELECT p.id, p.prompt_id, p.completion_a, p.completion_b, p.votes_wanted, coalesce(v.votes, 0),
-               greatest(coalesce(ca.policy_version, -1), coalesce(cb.policy_version, -1)), abs(ca.reward - cb.reward)
+               greatest(coalesce(ca.policy_version, -1), coalesce(cb.policy_version, -1)), abs(ca.reward - cb.reward),
+               ca.reward_heads, cb.reward_heads
         FROM pairs p
         JOIN completions ca ON ca.id = p.completion_a
         JOIN completions cb ON cb.id = p.completion_b

@@ -199,4 +199,11 @@ MIGRATIONS = [
         -- 'ppo', 'dpo' or 'grpo': which job follows a round's reward model, and what its history shows.
         ALTER TABLE rounds ADD COLUMN optimizer VARCHAR NOT NULL DEFAULT 'ppo';
     """),
+    Migration(7, "the reward model's heads on completions", """
+        -- Each head's raw score of a completion by the latest reward model, beside their normalised
+        -- mean in reward: the 'active' queue serves first the pairs whose heads disagree most.
+        DROP INDEX completions_prompt;
+        ALTER TABLE completions ADD COLUMN reward_heads DOUBLE[];
+        CREATE INDEX completions_prompt ON completions (prompt_id, policy_version);
+    """),
 ]

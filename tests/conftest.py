@@ -185,18 +185,20 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 base, adapter, dtype, cases = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.stdin.read())
 tokenizer = AutoTokenizer.from_pretrained(adapter)
-model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=getattr(torch, dtype))
+trained = json.load(open(f"{adapter}/metrics.json"))["config"]
+model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=trained["heads"], dtype=getattr(torch, dtype))
 model = PeftModel.from_pretrained(model, adapter).eval()
 norm = json.load(open(f"{adapter}/reward_normalization.json"))
-max_length = json.load(open(f"{adapter}/metrics.json"))["config"]["max_length"]
+max_length = trained["max_length"]
 scores = []
 with torch.no_grad():
     for prompt, response in cases:
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         ids = list(ids) + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         ids = ids[-max_length:]  # a long prompt loses its start, as in training
-        raw = model(input_ids=torch.tensor([ids])).logits.float().item()
-        scores.append({"raw": raw, "normalised": (raw - norm["mean"]) / norm["std"]})
+        raw = model(input_ids=torch.tensor([ids])).logits.float()[0].tolist()  # each head's
+        heads = [(r - m) / s for r, m, s in zip(raw, norm["mean"], norm["std"])]
+        scores.append({"raw": raw, "normalised": sum(heads) / len(heads)})  # the reward: the heads' mean
 assert not any(name == "tether" or name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
 print(json.dumps(scores))
 """
@@ -367,12 +369,13 @@ def first_token_probs(model_dir, policy_dir=None) -> torch.Tensor:
     return logits.softmax(-1).mean(0)
 
 
-def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0):
+def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_dir, scale: float = 8.0, heads=(1.0,)):
     """A reward model that favours one token as a one-token response: no LoRA change, and a head
     along the difference between the hidden state it leaves at the closing EOS (where the score is
     read) and the mean of the other candidates'. The prompts' own last states are projected out,
-    so the value PPO starts from reads 0 before the response, as a fresh critic would."""
-    model, tokenizer = build_model(str(model_dir), RewardModelConfig())
+    so the value PPO starts from reads 0 before the response, as a fresh critic would. `heads`
+    gives each head its multiple of that direction."""
+    model, tokenizer = build_model(str(model_dir), RewardModelConfig(heads=len(heads)))
     direction, prompt_states = 0, []
     for messages in PPO_PROMPTS:
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -384,11 +387,12 @@ def token_reward_model(model_dir, token_id: int, candidates: torch.Tensor, out_d
     basis, _ = torch.linalg.qr(torch.stack(prompt_states, dim=1))  # (H, prompts)
     direction = direction - basis @ (basis.T @ direction)
     with torch.no_grad():
-        model.get_base_model().score.modules_to_save["default"].weight.copy_(scale * direction / direction.norm())
+        multiples = torch.tensor(heads).unsqueeze(1)  # (K, 1)
+        model.get_base_model().score.modules_to_save["default"].weight.copy_(multiples * scale * direction / direction.norm())
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
-    (out_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512}}))
+    (out_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": [0.0] * len(heads), "std": [1.0] * len(heads)}))
+    (out_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512, "heads": len(heads)}}))
     return out_dir
 
 

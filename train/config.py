@@ -10,6 +10,7 @@ from typing import Any
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
+DPO_PAIRS = ("human", "reward_model", "both")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,16 @@ class GenerationConfig:
 
 @dataclass
 class RewardModelConfig:
+    heads: int = field(
+        default=4,
+        metadata={"help": "Scalar heads on the one LoRA adapter: an ensemble at about the cost of one model. Each head fits "
+                          "its own bootstrap resampling of the votes (each pair counted twice or not at all, per head), so "
+                          "where the votes say little the heads disagree. The reward is their mean and their spread is its "
+                          "uncertainty, which the 'active' queue asks people about first and which PPO's and GRPO's "
+                          "uncertainty_penalty can subtract. A shared adapter keeps the cost of K separate models off; the "
+                          "price is that the heads disagree less than fully separate models would (Dwaracherla et al. "
+                          "2024 found heads on a shared network enough for active exploration). 1 is a plain reward model."},
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of the reward model's adapter."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator: the update is scaled by lora_alpha / lora_r."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path during training."})
@@ -151,6 +162,8 @@ class RewardModelConfig:
     def __post_init__(self):
         if self.lora_r < 1 or self.lora_alpha < 1:
             raise ValueError(f"lora_r and lora_alpha must be at least 1, got {self.lora_r} and {self.lora_alpha}")
+        if not 1 <= self.heads <= 64:
+            raise ValueError(f"heads must be 1 to 64, got {self.heads}")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.target_modules.strip() or any(not name.strip() for name in self.target_modules.split(",")):
@@ -229,6 +242,12 @@ class PPOConfig:
     clip_range_value: float = field(default=0.2, metadata={"help": "Clip on how far a value moves from its rollout value."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss beside the policy loss."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip of each update."})
+    uncertainty_penalty: float = field(
+        default=0.0,
+        metadata={"help": "k in reward = mean - k * std of the reward model's heads: a response the heads disagree on earns "
+                          "less, so the policy is not pulled to where the votes said little and the reward model guesses "
+                          "(conservative reward, Coste et al. 2024). 0 turns it off; the spread is in normalised units."},
+    )
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
@@ -307,6 +326,12 @@ class GRPOConfig:
     )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0); later rounds keep their adapter's."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of a new policy adapter."})
+    uncertainty_penalty: float = field(
+        default=0.0,
+        metadata={"help": "k in reward = mean - k * std of the reward model's heads: a response the heads disagree on earns "
+                          "less, so the policy is not pulled to where the votes said little and the reward model guesses "
+                          "(conservative reward, Coste et al. 2024). 0 turns it off; the spread is in normalised units."},
+    )
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
@@ -351,6 +376,29 @@ class DPOConfig:
         metadata={"help": "Strength of the tie to the starting model: DPO's implicit reward is beta * log(pi / pi_ref), so a "
                           "larger beta moves the policy less for the same votes."},
     )
+    pairs: str = field(
+        default="both",
+        metadata={"help": "What a round trains on: 'human' (the votes), 'reward_model' (fresh answers of the policy ranked by "
+                          "a reward model trained on the votes first: online iterative DPO, Dong et al. 2024) or 'both'. A "
+                          "vote is costly and a CPU's time is cheap: the reward model turns a round's votes into many more "
+                          "on-policy pairs, and the human pairs stay in the mix so that its errors are not all the policy "
+                          "learns."},
+    )
+    prompts: int = field(
+        default=64,
+        metadata={"help": "With pairs 'reward_model' or 'both': training prompts (not held back) the policy answers each "
+                          "round, drawn at random, each giving at most one pair."},
+    )
+    candidates: int = field(
+        default=4,
+        metadata={"help": "Answers sampled per prompt for the reward model to rank; the best and the worst make the pair."},
+    )
+    confidence: float = field(
+        default=0.6,
+        metadata={"help": "Least probability, averaged over the reward model's heads (Bradley-Terry, sigmoid of each head's "
+                          "margin), that the best answer beats the worst, for the pair to be trained on. A pair the heads "
+                          "disagree on averages towards 0.5 and is left out."},
+    )
     votes: str = field(
         default="latest",
         metadata={"help": "Which votes a round trains on: 'latest' (pairs with a completion of the policy the round starts "
@@ -394,6 +442,12 @@ class DPOConfig:
             raise ValueError(f"beta and learning_rate must be more than 0, got {self.beta} and {self.learning_rate}")
         if self.votes not in ("all", "latest"):
             raise ValueError(f"votes must be 'all' or 'latest', got {self.votes!r}")
+        if self.pairs not in DPO_PAIRS:
+            raise ValueError(f"pairs must be one of {', '.join(DPO_PAIRS)}, got {self.pairs!r}")
+        if self.prompts < 1 or self.candidates < 2:
+            raise ValueError(f"prompts must be at least 1 and candidates at least 2, got {self.prompts} and {self.candidates}")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
         for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -4,6 +4,10 @@ The policy continues from the adapter of the version the round starts from, or f
 adapter on v0 (its LoRA B is zero, so it starts equal to the base). The reference is the base
 with every adapter off: no second copy of the model is loaded, and every round is tethered to
 the starting model, as PPO's KL penalty is.
+
+The pairs are people's votes, pairs the reward model ranked (`ranked_pairs`: the best and the
+worst of several fresh answers of the policy to a prompt, where the reward model is confident),
+or both.
 """
 
 import tempfile
@@ -18,7 +22,7 @@ from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import DPOConfig
 from train.errors import ModelError
-from train.snapshot import PreferenceRow
+from train.snapshot import Messages, PreferenceRow
 
 # What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
 # beta * log(pi / pi_ref) of the chosen and rejected responses, their margin, and the share of
@@ -30,6 +34,25 @@ METRICS = {
     "rewards/margins": "margin",
     "rewards/accuracies": "accuracy",
 }
+
+
+def ranked_pairs(
+    prompts: list[Messages], answers: list[list[tuple[str, bool]]], heads: list[list[list[float]]], rewards: list[list[float]],
+    confidence: float,
+) -> list[PreferenceRow]:
+    """Per prompt, its answers' (text, finished) ranked by reward: the best against the worst, kept where the
+    heads' mean Bradley-Terry probability that the best wins, mean_k sigmoid(best_k - worst_k) on each head's raw
+    scores (heads), is at least `confidence`."""
+    rows = []
+    for prompt, texts, raw, reward in zip(prompts, answers, heads, rewards):
+        best = max(range(len(texts)), key=reward.__getitem__)
+        worst = min(range(len(texts)), key=reward.__getitem__)
+        if texts[best][0] == texts[worst][0]:
+            continue
+        margins = torch.tensor(raw[best], dtype=torch.float64) - torch.tensor(raw[worst], dtype=torch.float64)
+        if torch.sigmoid(margins).mean().item() >= confidence:
+            rows.append(PreferenceRow(prompt, texts[best][0], texts[worst][0], texts[best][1], texts[worst][1]))
+    return rows
 
 
 def encode_pair(tokenizer: PreTrainedTokenizerBase, row: PreferenceRow) -> dict[str, list[int]]:

@@ -43,15 +43,16 @@ class _StepLog(StepLog):
 
 
 def penalised_scores(reward: RewardModel, config: GRPOConfig, eos_token_id: int) -> Callable[..., list[float]]:
-    """The reward function GRPOTrainer calls: the reward model's normalised score of each response, less
-    missing_eos_penalty where it did not end and length_penalty per token, as PPO scores."""
+    """The reward function GRPOTrainer calls: the reward model's reward of each response, less uncertainty_penalty
+    times its heads' spread, missing_eos_penalty where it did not end and length_penalty per token, as PPO scores."""
 
     def scores(prompts: list[Messages], completions: list[Messages], completion_ids: list[list[int]], **kwargs) -> list[float]:
         texts = [completion[-1]["content"] for completion in completions]
-        normalised = reward.score(prompts, texts)
+        rewards, uncertainties = reward.score_with_uncertainty(prompts, texts)
         return [
-            score - config.missing_eos_penalty * (eos_token_id not in ids) - config.length_penalty * len(ids)
-            for score, ids in zip(normalised, completion_ids)
+            score - config.uncertainty_penalty * spread - config.missing_eos_penalty * (eos_token_id not in ids)
+            - config.length_penalty * len(ids)
+            for score, spread, ids in zip(rewards, uncertainties, completion_ids)
         ]
 
     scores.__name__ = "reward_model"  # TRL logs each reward function under its name

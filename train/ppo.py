@@ -13,8 +13,9 @@ Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
    distribution the loss scores (train.models.load_model drops the model's own sampling defaults);
 2. evaluate: the policy's and the reference's log-probs, the values, and the reward model's
-   normalised score of each response's text, scored as `tether rm score` scores it, minus the
-   missing-EOS and length penalties;
+   reward of each response's text (the mean of its heads' normalised scores), scored as `tether
+   rm score` scores it, minus uncertainty_penalty times the heads' spread and the missing-EOS and
+   length penalties;
 3. rewards: -beta * (log pi - log pi_ref) on every response token, plus the score on the last;
 4. advantages: GAE (gamma, lambda), whitened over the batch's response tokens;
 5. update: `epochs` passes over minibatches of the clipped policy loss and vf_coef times the
@@ -50,7 +51,7 @@ from train.errors import ModelError
 from train.files import built_beside
 from train.generate import end_of_turn_ids
 from train.models import prepare_for_training, uses_bf16
-from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter
+from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -143,8 +144,8 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
     # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
-    width = reward.head.shape[1]  # reward.head is (1, H)
-    reward_head = nn.Linear(width, 1, bias=False, dtype=torch.float32, device=device)
+    heads, width = reward.head.shape  # (K, H)
+    reward_head = nn.Linear(width, heads, bias=False, dtype=torch.float32, device=device)
     reward_head.weight.data.copy_(reward.head)
     reward_head.requires_grad_(False)
     value_head = nn.Linear(width, 1, bias=True, dtype=torch.float32, device=device)
@@ -273,8 +274,9 @@ class RewardScorer:
 
 
 @torch.no_grad()
-def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], texts: list[str]) -> torch.Tensor:
-    """(B,) normalised reward-model score of each response text, computed as `tether rm score` computes it.
+def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) reward of each response text and (B,) its uncertainty, computed as `tether rm score` computes them:
+    the mean and the spread of the heads' normalised scores.
 
     The text is encoded again through the chat template and closed by EOS, as in reward-model
     training, and a sequence over the reward model's max_length loses the start of its prompt.
@@ -288,8 +290,8 @@ def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Me
     finally:
         model.peft_model.set_adapter("policy")
     last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
-    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float()).squeeze(-1)
-    return (raw - scorer.normalization.mean) / scorer.normalization.std
+    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float())  # (B, K)
+    return reward_and_uncertainty(scorer.normalization.apply(raw))
 
 
 @torch.no_grad()
@@ -311,8 +313,8 @@ def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Message
                 model.peft_model.set_adapter("policy")
         values = response_values(model, *args)
     texts = response_texts(scorer.tokenizer, response_ids, response_mask, finished)
-    scores = reward_scores(model, scorer, prompts, texts)  # float32, as the normalisation offsets were computed
-    scores = scores - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
+    scores, uncertainty = reward_scores(model, scorer, prompts, texts)  # float32, as the normalisation offsets were computed
+    scores = scores - config.uncertainty_penalty * uncertainty - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
     mask = response_mask.float()
     rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
                       logprobs * mask, ref_logprobs * mask, values * mask, scores, finished, texts)

@@ -1,19 +1,22 @@
-"""Training the reward model: a LoRA adapter and a scalar head on the base model, fitted Bradley-Terry style.
+"""Training the reward model: a LoRA adapter and K scalar heads on the base model, fitted Bradley-Terry style.
 
 The saved model, its encoding and its scores are train.reward_model's. The algorithm, in the order `train_reward_model` runs it:
 1. split the preference rows by prompt, so no prompt is both trained on and held out; a prompt's
    side is fixed by its hash, so it is the same in every version;
 2. encode each response with its prompt through the chat template, the response as the assistant
    turn closed by EOS; a sequence over max_length loses the start of its prompt, never a pair;
-3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being the head's
-   output at the last non-pad token (the EOS that closes the response). From scratch, a fresh
+3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being a head's
+   output at the last non-pad token (the EOS that closes the response). Each head k weighs pair i
+   by its own bootstrap weight w_ik, 0 or 2 at random ("double or nothing", Owen & Eckles 2012),
+   so the heads learn on different resamplings of the votes through one shared adapter: an
+   ensemble whose spread is the reward's uncertainty, at the cost of one model. From scratch, a fresh
    adapter and head fit every training pair. Warm-started, the previous version's adapter and
    head first score the pairs it has not seen (its accuracy on the new votes), then fit those
    of them on the training side plus a random replay sample of the old training pairs;
-4. normalise: the mean and std of the raw rewards on up to 64 of the pairs this run fitted (of all
+4. normalise: each head's mean and std of the raw rewards on up to 64 of the pairs this run fitted (of all
    the training pairs from scratch; of the new and replayed ones warm-started), saved beside the
    adapter, so that (raw - mean) / std is comparable across reward-model versions;
-5. evaluate pairwise accuracy on the held-out prompts;
+5. evaluate pairwise accuracy and calibration on the held-out prompts;
 6. save it as train.reward_model.save_reward_model does: a plain PEFT adapter directory with the
    head, the tokenizer, the normalisation and the metrics.
 
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from train import distributed
@@ -49,7 +53,7 @@ from train.reward_model import (
     read_normalization,
     save_reward_model,
     score_sequences,
-    trained_max_length,
+    trained_config,
 )
 from train.snapshot import Messages, PreferenceRow
 
@@ -137,17 +141,17 @@ def _prompt_key(prompt: Messages) -> str:
 def build_model(
     model_path: str, config: RewardModelConfig, base: ModelConfig | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The base model, loaded as `base` says (dtype, quantization), as a sequence classifier with one output,
-    wrapped in a fresh LoRA adapter.
+    """The base model, loaded as `base` says (dtype, quantization), as a sequence classifier with config.heads
+    outputs, wrapped in a fresh LoRA adapter.
 
-    The head (`score`) is new and trained in full (modules_to_save), so it is saved with the
-    adapter. Its random initialisation follows config.seed.
+    The heads (`score`, one linear layer) are new and trained in full (modules_to_save), so they are
+    saved with the adapter. Their random initialisation follows config.seed.
     """
     from peft import LoraConfig, TaskType, get_peft_model
 
     tokenizer = load_tokenizer(model_path)
     torch.manual_seed(config.seed)
-    classifier = prepare_for_training(load_classifier(model_path, tokenizer, base or ModelConfig()), config.gradient_checkpointing)
+    classifier = prepare_for_training(load_classifier(model_path, tokenizer, base or ModelConfig(), config.heads), config.gradient_checkpointing)
     lora = LoraConfig(
         task_type=TaskType.SEQ_CLS,
         r=config.lora_r,
@@ -180,17 +184,59 @@ class _ProgressCallback(TrainerCallback):
                 })
 
 
+def bootstrap_weights(row: PreferenceRow, heads: int, seed: int) -> list[float]:
+    """Pair `row`'s weight in each head's loss: 0 or 2 at random, or 1 with a single head.
+
+    Drawn from the pair's content, so a pair keeps its weights in every version: a warm-started
+    head goes on fitting the same resampling of the votes.
+    """
+    if heads == 1:
+        return [1.0]
+    key = json.dumps([seed, row.prompt, row.chosen, row.rejected], ensure_ascii=False)
+    bits = int(hashlib.sha256(key.encode()).hexdigest(), 16)
+    return [2.0 * ((bits >> k) & 1) for k in range(heads)]
+
+
+def _bootstrap_trainer():
+    """Defined on first use: importing trl takes seconds."""
+    from trl import RewardTrainer
+
+    class BootstrapRewardTrainer(RewardTrainer):
+        """TRL's RewardTrainer with K heads, each pair weighted per head by its bootstrap weight.
+
+        The loss is mean over pairs and heads of w_ik * -log sigmoid(r_k(chosen) - r_k(rejected)):
+        with one head and weights 1 it is TRL's loss. The logged accuracy is the heads' mean's.
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            weights = inputs.pop("weights")  # (B, K)
+            outputs = model(**inputs, use_cache=False)
+            chosen, rejected = torch.chunk(outputs.logits, chunks=2)  # (B, K) each
+            loss = (weights.to(chosen.dtype) * -F.logsigmoid(chosen - rejected)).mean()
+            mode = "train" if self.model.training else "eval"
+            with torch.no_grad():
+                margin = (chosen - rejected).mean(dim=-1)
+                accuracy = self.accelerator.gather_for_metrics((margin > 0).float().mean()).mean().item()
+                self._metrics[mode]["accuracy"].append(accuracy)
+                self._metrics[mode]["margin"].append(self.accelerator.gather_for_metrics(margin.mean()).mean().item())
+            return (loss, outputs) if return_outputs else loss
+
+    return BootstrapRewardTrainer
+
+
 def _fit(
-    model, tokenizer, encoded: EncodedPairs, config: RewardModelConfig, on_progress: ProgressFn | None, on_cpu: bool
+    model, tokenizer, encoded: EncodedPairs, weights: list[list[float]], config: RewardModelConfig,
+    on_progress: ProgressFn | None, on_cpu: bool,
 ) -> list[float]:
-    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs; the loss of each step.
+    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs, each head weighing each pair by
+    weights (N, K); the loss of each step.
 
     Under accelerate launch the Trainer is data-parallel: each process takes its part of every
     batch, so config.batch_size stays the global batch and must split evenly.
     """
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
-    from trl import RewardConfig, RewardTrainer
+    from trl import RewardConfig
 
     processes = distributed.world_size()
     if config.batch_size % processes:
@@ -200,6 +246,7 @@ def _fit(
     dataset = Dataset.from_dict({
         "chosen_ids": encoded.chosen_ids,
         "rejected_ids": encoded.rejected_ids,
+        "weights": weights,
         "length": [max(len(c), len(r)) for c, r in zip(encoded.chosen_ids, encoded.rejected_ids)],
     })
     progress = _ProgressCallback(on_progress)
@@ -215,7 +262,7 @@ def _fit(
             seed=config.seed,
             # Batches of pairs of like length (shuffled in groups of 50 batches) spend less on padding.
             train_sampling_strategy="group_by_length",
-            remove_unused_columns=False,  # keeps "length" for the sampler; the collator ignores it
+            remove_unused_columns=False,  # keeps "length" for the sampler and "weights" for the loss
             logging_steps=1,
             save_strategy="no",
             eval_strategy="no",
@@ -226,7 +273,13 @@ def _fit(
             bf16=uses_bf16(config.precision),
             use_cpu=on_cpu,
         )
-        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
+        # TRL refuses a classifier of more than one output, for its own scalar loss; the loss here is
+        # compute_loss's, which takes the K heads.
+        model.config.num_labels = 1
+        try:
+            trainer = _bootstrap_trainer()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[progress])
+        finally:
+            model.config.num_labels = config.heads
         trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
@@ -235,7 +288,7 @@ def _fit(
         def counting_collate(pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             nonlocal fitted
             fitted += len(pairs)
-            return collate(pairs)
+            return {**collate(pairs), "weights": torch.tensor([pair["weights"] for pair in pairs])}
 
         trainer.data_collator = counting_collate
         trainer.train()
@@ -286,14 +339,15 @@ def train_reward_model(
         model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True, base=base)
         # The previous version as it was saved: did it agree with the people who voted since?
         adapter_dir = warm_start.adapter_dir
-        previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
+        previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
         new_votes = previous.pairwise_accuracy(warm_start.new_train + warm_start.new_eval, config.batch_size * 2)
         fit_rows = warm_start.new_train + warm_start.replayed
     encoded = encode_pairs(tokenizer, train_rows, config.max_length)
     fitted = encoded if fit_rows is train_rows else encode_pairs(tokenizer, fit_rows, config.max_length)
 
     fit_started = time.perf_counter()
-    losses = _fit(model, tokenizer, fitted, config, on_progress, on_cpu=device(base or ModelConfig()).type == "cpu")
+    weights = [bootstrap_weights(row, config.heads, config.seed) for row in fit_rows]
+    losses = _fit(model, tokenizer, fitted, weights, config, on_progress, on_cpu=device(base or ModelConfig()).type == "cpu")
     train_seconds = time.perf_counter() - fit_started
 
     # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where
@@ -312,6 +366,8 @@ def train_reward_model(
         "eval_accuracy": held_out.accuracy,
         "eval_mean_margin": held_out.mean_margin,
         "eval_loss": held_out.loss,
+        "eval_calibration_error": held_out.calibration_error,
+        "heads": config.heads,
         "reward_mean": normalization.mean,
         "reward_std": normalization.std,
         "pairs_train": len(train_rows),

@@ -4,18 +4,24 @@ Training (train.reward) writes it; `tether rm score` and `rm eval`, GRPO and PPO
 through this module. A reward model is a directory:
 
     adapter_config.json, adapter_model.safetensors   a plain PEFT adapter on the base model as a
-                                                     sequence classifier, its `score` head included
+                                                     sequence classifier with K outputs (its heads),
+                                                     the `score` head included
     tokenizer files                                  with the pad token it was trained with
-    reward_normalization.json                        mean and std of its raw rewards in training
-    metrics.json                                     its metrics, and the config it trained with
+    reward_normalization.json                        per head, mean and std of its raw rewards in training
+    metrics.json                                     its metrics, and the config it trained with (K is
+                                                     config.heads)
+
+With plain transformers and peft it loads as
+`PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base, num_labels=K), dir)`.
 
 A response is encoded with its prompt through the chat template, the response as the assistant
-turn closed by EOS; over max_length the prompt loses its start. The score is the head's output at
-the last non-pad token, and (raw - mean) / std makes it comparable across versions.
+turn closed by EOS; over max_length the prompt loses its start. Each head's score is its output at
+the last non-pad token, and (raw - mean) / std, per head, makes it comparable across versions.
+The heads are an ensemble (train.reward fits each on its own bootstrap weighting of the votes):
+the reward is the mean of their normalised scores, and their spread is its uncertainty.
 """
 
 import json
-import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -36,20 +42,33 @@ METRICS_FILE = "metrics.json"
 
 @dataclass(frozen=True)
 class Normalization:
-    """Offsets that map a raw reward to mean 0, std 1 on the reward model's training data."""
+    """Per head, the offset and divisor that put a raw score in the reward's units: the heads' mean has mean 0
+    and std 1 on the reward model's training data."""
 
-    mean: float
-    std: float
+    mean: list[float]
+    std: list[float]
 
-    def apply(self, raw: float) -> float:
-        return (raw - self.mean) / self.std
+    def apply(self, raw: torch.Tensor) -> torch.Tensor:
+        """(N, K) raw head scores to normalised ones."""
+        return (raw - torch.tensor(self.mean, device=raw.device)) / torch.tensor(self.std, device=raw.device)
 
 
-def normalization_of(raw: list[float]) -> Normalization:
-    """Mean and (population) std; a std of 0, from identical scores, becomes 1."""
-    mean = sum(raw) / len(raw)
-    std = math.sqrt(sum((r - mean) ** 2 for r in raw) / len(raw))
-    return Normalization(mean=mean, std=std if std > 0 else 1.0)
+def normalization_of(raw: list[list[float]]) -> Normalization:
+    """From raw (N, K): each head's mean and (population) std, its std then scaled by the std of the heads' mean
+    of so-normalised scores, so that the reward (that mean) has std 1 however much the heads agree. A std of
+    0, from identical scores, becomes 1."""
+    scores = torch.tensor(raw, dtype=torch.float64)
+    mean, std = scores.mean(dim=0), scores.std(dim=0, correction=0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    spread = ((scores - mean) / std).mean(dim=-1).std(correction=0).item()
+    return Normalization(mean=mean.tolist(), std=(std * (spread if spread > 0 else 1.0)).tolist())
+
+
+def reward_and_uncertainty(normalised: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) normalised head scores to (N,) rewards, their mean, and (N,) uncertainties, their spread
+    (the sample std across heads; 0 for a single head)."""
+    spread = normalised.std(dim=-1) if normalised.shape[-1] > 1 else torch.zeros_like(normalised[..., 0])
+    return normalised.mean(dim=-1), spread
 
 
 # Encoding
@@ -121,7 +140,7 @@ def _fit_length(prompt_ids: list[int], response_ids: list[int], max_length: int)
 def score_sequences(
     model, pad_token_id: int, sequences: list[list[int]], batch_size: int, on_scored: Callable[[int], None] | None = None
 ) -> list[float]:
-    """The head's raw output at each sequence's last token, in sequence order.
+    """Each head's raw output at each sequence's last token, (N, K) in sequence order.
 
     Batches hold sequences of like length (longest first) to spend little on padding, and one
     that runs out of GPU memory is halved; they are right-padded, and the classifier reads the
@@ -130,14 +149,14 @@ def score_sequences(
     device = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
 
-    def score(batch: list[int]) -> list[float]:
+    def score(batch: list[int]) -> list[list[float]]:
         input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, K)
         if on_scored is not None:
             on_scored(len(batch))
-        return logits[:, 0].float().tolist()
+        return logits.float().tolist()
 
-    scores = [0.0] * len(sequences)
+    scores: list[list[float]] = [[] for _ in sequences]
     for i, value in zip(order, in_batches(order, batch_size, score, "scoring")):
         scores[i] = value
     return scores
@@ -155,11 +174,29 @@ def pad_right(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tens
 
 @dataclass(frozen=True)
 class PairwiseResult:
-    accuracy: float | None  # share of pairs with r_chosen > r_rejected; None for no pairs
+    accuracy: float | None  # share of pairs with r_chosen > r_rejected (the reward: the heads' normalised mean); None for no pairs
     mean_margin: float | None  # mean of r_chosen - r_rejected in normalised units (training-reward stds)
-    loss: float | None  # the Bradley-Terry loss, mean -log sigmoid(r_chosen - r_rejected) on the raw rewards
+    loss: float | None  # the ensemble's Bradley-Terry loss: mean -log p, p = the heads' mean sigmoid(raw chosen - raw rejected)
+    calibration_error: float | None  # expected calibration error of p over CALIBRATION_BINS bins of confidence
     pairs: int
     truncated: int
+
+
+CALIBRATION_BINS = 5  # of confidence max(p, 1 - p), 0.5 to 1: few, since held-out pairs are few
+
+
+def calibration_error(probabilities: torch.Tensor) -> float:
+    """Expected calibration error of the probabilities that the chosen response wins: per bin of confidence,
+    |mean confidence - share right|, weighted by the bin's share of pairs."""
+    confidence = torch.maximum(probabilities, 1 - probabilities)
+    right = (probabilities > 0.5).double()
+    bins = ((confidence - 0.5) * 2 * CALIBRATION_BINS).long().clamp(max=CALIBRATION_BINS - 1)
+    error = 0.0
+    for b in range(CALIBRATION_BINS):
+        members = bins == b
+        if members.any():
+            error += members.double().mean().item() * abs(confidence[members].mean().item() - right[members].mean().item())
+    return error
 
 
 @dataclass
@@ -171,8 +208,8 @@ class RewardModel:
     normalization: Normalization
     max_length: int  # sequences are truncated as in training, or the scores would not be the trained ones
 
-    def raw_scores(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[float]:
-        """The score of each response to its prompt, before normalisation."""
+    def raw_scores(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[list[float]]:
+        """Each head's score of each response to its prompt, (N, K) before normalisation."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         if not prompts:
@@ -180,9 +217,20 @@ class RewardModel:
         sequences = [encode(self.tokenizer, p, r, self.max_length).input_ids for p, r in zip(prompts, responses)]
         return score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size)
 
+    def score_with_uncertainty(
+        self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16
+    ) -> tuple[list[float], list[float]]:
+        """Each response's reward, the mean of its normalised head scores (comparable across reward-model
+        versions), and its uncertainty, their spread across heads."""
+        raw = self.raw_scores(prompts, responses, batch_size)
+        if not raw:
+            return [], []
+        reward, spread = reward_and_uncertainty(self.normalization.apply(torch.tensor(raw, dtype=torch.float64)))
+        return reward.tolist(), spread.tolist()
+
     def score(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[float]:
-        """Normalised scores, (raw - mean) / std: comparable across reward-model versions."""
-        return [self.normalization.apply(r) for r in self.raw_scores(prompts, responses, batch_size)]
+        """Each response's reward: the mean of its normalised head scores."""
+        return self.score_with_uncertainty(prompts, responses, batch_size)[0]
 
     def pairwise_accuracy(
         self, rows: list[PreferenceRow], batch_size: int = 16, on_scored: Callable[[int], None] | None = None
@@ -192,17 +240,18 @@ class RewardModel:
         on_scored, if given, is called with the number of sequences scored after each batch (two per pair).
         """
         if not rows:
-            return PairwiseResult(accuracy=None, mean_margin=None, loss=None, pairs=0, truncated=0)
+            return PairwiseResult(accuracy=None, mean_margin=None, loss=None, calibration_error=None, pairs=0, truncated=0)
         encoded = encode_pairs(self.tokenizer, rows, self.max_length)
         sequences = encoded.chosen_ids + encoded.rejected_ids
-        raw = score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored)
-        chosen, rejected = raw[: len(rows)], raw[len(rows) :]
-        margins = [(c - r) / self.normalization.std for c, r in zip(chosen, rejected)]
-        loss = -torch.nn.functional.logsigmoid(torch.tensor(chosen, dtype=torch.float64) - torch.tensor(rejected, dtype=torch.float64))
+        raw = torch.tensor(score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored), dtype=torch.float64)
+        chosen, rejected = raw[: len(rows)], raw[len(rows) :]  # (N, K) each
+        margins = reward_and_uncertainty(self.normalization.apply(chosen))[0] - reward_and_uncertainty(self.normalization.apply(rejected))[0]
+        probabilities = torch.sigmoid(chosen - rejected).mean(dim=-1)  # (N,) the ensemble's P(chosen wins)
         return PairwiseResult(
-            accuracy=sum(m > 0 for m in margins) / len(rows),
-            mean_margin=sum(margins) / len(rows),
-            loss=loss.mean().item(),
+            accuracy=(margins > 0).double().mean().item(),
+            mean_margin=margins.mean().item(),
+            loss=-probabilities.log().mean().item(),
+            calibration_error=calibration_error(probabilities),
             pairs=len(rows),
             truncated=encoded.truncated,
         )
@@ -226,9 +275,10 @@ def read_normalization(adapter_dir: Path) -> Normalization:
     return Normalization(**json.loads((Path(adapter_dir) / NORMALIZATION_FILE).read_text()))
 
 
-def trained_max_length(adapter_dir: Path) -> int:
-    """The max_length a reward model was trained at: it must score at the same, or its scores are not the trained ones."""
-    return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]["max_length"]
+def trained_config(adapter_dir: Path) -> dict[str, Any]:
+    """The [reward_model] settings a reward model was trained with. It scores at their max_length, or its
+    scores are not the trained ones, and has config.heads heads."""
+    return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -245,14 +295,14 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, base: ModelConfig) -> PreTrainedModel:
-    """The base model, loaded as `base` says, as a sequence classifier with one output and a float32 head."""
+def load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, base: ModelConfig, heads: int) -> PreTrainedModel:
+    """The base model, loaded as `base` says, as a sequence classifier with `heads` outputs and a float32 head."""
     # TRL's helper quietens the expected "score.weight newly initialised, lm_head.weight unused".
     from trl.trainer.reward_trainer import suppress_seqcls_warning
 
     try:
         with suppress_seqcls_warning():
-            model = from_pretrained(AutoModelForSequenceClassification, model_path, base, num_labels=1)
+            model = from_pretrained(AutoModelForSequenceClassification, model_path, base, num_labels=heads)
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
     # The scalar head stays float32 on a bf16 or fp16 base, as PEFT keeps output layers for k-bit
@@ -269,7 +319,7 @@ def load_adapter(
     from peft import PeftModel
 
     tokenizer = load_tokenizer(adapter_dir)
-    classifier = load_classifier(model_path, tokenizer, base or ModelConfig())
+    classifier = load_classifier(model_path, tokenizer, base or ModelConfig(), trained_config(adapter_dir).get("heads", 1))  # versions before ensembles had one
     if trainable:
         classifier = prepare_for_training(classifier)
     try:
@@ -286,7 +336,7 @@ def load_reward_model(model_path: str, adapter_dir: Path, base: ModelConfig | No
     model, tokenizer = load_adapter(model_path, Path(adapter_dir), base=base)
     if base.quantization == "none":  # a quantised base is on its GPU already
         model = model.to(device(base))
-    return RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_max_length(adapter_dir))
+    return RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
 
 
 @dataclass(frozen=True)
@@ -296,7 +346,7 @@ class RewardAdapter:
     path: Path
     lora: Any  # peft.LoraConfig of its adapter on a causal LM: the head is `head` here, not a module to save
     lora_weights: dict[str, torch.Tensor]  # its LoRA weights, under the keys PEFT saved them with
-    head: torch.Tensor  # (1, H) the score head's weight
+    head: torch.Tensor  # (K, H) the score heads' weights
     normalization: Normalization
     max_length: int
 
@@ -317,5 +367,5 @@ def read_reward_adapter(adapter_dir: Path) -> RewardAdapter:
         lora_weights={k: v for k, v in weights.items() if "lora_" in k},
         head=head,
         normalization=read_normalization(adapter_dir),
-        max_length=trained_max_length(adapter_dir),
+        max_length=trained_config(adapter_dir)["max_length"],
     )

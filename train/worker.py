@@ -38,7 +38,8 @@ def whole_share(events: Events, done: int, share: int, whole: int) -> None:
 
 
 def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Sample completions for the frozen prompts; write completions.parquet."""
+    """Sample completions for the frozen prompts, scored by the reward model at config["reward_adapter_path"] when
+    given; write completions.parquet."""
     from train.generate import PromptTooLong, generate
     from train.models import load_model
 
@@ -60,11 +61,17 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
     except PromptTooLong as e:
         raise ModelError(f"prompt {prompts[mine[e.index]]['prompt_id']} {e}") from None
     distributed.report_share(len(generated), "completions")
-    rows = distributed.gather([
+    rows = [
         {"order": mine[g.prompt_index], "prompt_id": prompts[mine[g.prompt_index]]["prompt_id"], "text": g.text,
          "token_count": g.token_count, "finished": g.finished}
         for g in generated
-    ])
+    ]
+    if config.get("reward_adapter_path"):
+        del model  # the reward model loads the base again: one at a time
+        messages = [json.loads(prompts[mine[g.prompt_index]]["messages"]) for g in generated]
+        for row, (reward, heads) in zip(rows, _scores(config, messages, [g.text for g in generated])):
+            row |= {"reward": reward, "reward_heads": heads}
+    rows = distributed.gather(rows)
     if distributed.is_main():
         rows.sort(key=lambda row: row.pop("order"))  # stable: a prompt's completions keep their order
         pq.write_table(pa.Table.from_pylist(rows), job_dir / "completions.parquet")
@@ -103,25 +110,38 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
     return {"adapter": "reward_model", "metrics": metrics}
 
 
-def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Score the frozen completions with a reward model; write scores.parquet (normalised rewards)."""
+def _scores(config: dict[str, Any], prompts: list, texts: list[str], on_scored: Callable[[int], None] | None = None):
+    """(reward, each head's raw score) of each text, by the reward model at config["reward_adapter_path"]."""
+    import torch
+
     from train.models import resolve_model_path
-    from train.reward_model import load_reward_model
+    from train.reward_model import load_reward_model, reward_and_uncertainty
 
     reward = RewardModelConfig(**config["reward_model"])
+    base = ModelConfig(**config["model"])
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["reward_adapter_path"]), base)
+    scored = []
+    step = reward.batch_size * 8  # report progress every few batches
+    for start in range(0, len(texts), step):
+        raw = reward_model.raw_scores(prompts[start : start + step], texts[start : start + step], reward.batch_size * 2)
+        rewards = reward_and_uncertainty(reward_model.normalization.apply(torch.tensor(raw, dtype=torch.float64)))[0]
+        scored += zip(rewards.tolist(), raw)
+        if on_scored is not None:
+            on_scored(len(scored))
+    return scored
+
+
+def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """Score the frozen completions with a reward model; write scores.parquet (the reward and each head's raw score)."""
     table = pq.read_table(input_path(job_dir, "completions")).to_pylist()
     rows = [table[i] for i in distributed.shard(table)]
-    base = ModelConfig(**config["model"])
-    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["adapter_path"]), base)
     events.emit("started", total=len(table))
-    rewards = []
-    step = reward.batch_size * 8  # report progress every few batches
-    for start in range(0, len(rows), step):
-        chunk = rows[start : start + step]
-        rewards += reward_model.score([json.loads(r["prompt"]) for r in chunk], [r["text"] for r in chunk], reward.batch_size * 2)
-        whole_share(events, len(rewards), len(rows), len(table))
-    distributed.report_share(len(rewards), "completions scored")
-    scores = distributed.gather([{"completion_id": r["completion_id"], "reward": v} for r, v in zip(rows, rewards)])
+    scored = _scores(config, [json.loads(r["prompt"]) for r in rows], [r["text"] for r in rows],
+                     lambda done: whole_share(events, done, len(rows), len(table)))
+    distributed.report_share(len(scored), "completions scored")
+    scores = distributed.gather([
+        {"completion_id": r["completion_id"], "reward": reward, "reward_heads": heads} for r, (reward, heads) in zip(rows, scored)
+    ])
     if distributed.is_main():
         pq.write_table(pa.Table.from_pylist(scores), job_dir / "scores.parquet")
     return {"scores": "scores.parquet"}
@@ -148,22 +168,46 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
 
 def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """DPO from the frozen policy on the frozen preferences; write policy/."""
+    """DPO from the frozen policy on the frozen preferences and, given a reward model, on pairs it ranks
+    among the policy's answers to the frozen prompts; write policy/."""
     from train.dpo import train_dpo
     from train.models import device, load_model
 
     dpo = DPOConfig(**config["dpo"])
-    rows = read_preferences(input_path(job_dir, "preferences"))
+    human = read_preferences(input_path(job_dir, "preferences"))
     base = ModelConfig(**config["model"])
+    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    ranked = _ranked_pairs(job_dir, config, dpo, base, events) if config.get("reward_adapter_path") else []
     model, tokenizer = load_model(base)
-    events.emit("started", pairs=len(rows))
+    events.emit("started", pairs=len(human) + len(ranked), pairs_human=len(human), pairs_reward_model=len(ranked))
 
     def step(stats: dict[str, Any]) -> None:
         events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
 
-    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
-    result = train_dpo(model, tokenizer, rows, dpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
-    return {"adapter": "policy", "steps": result["steps"], "pairs": result["pairs"], "pairs_too_long": result["pairs_too_long"]}
+    result = train_dpo(model, tokenizer, human + ranked, dpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
+    return {"adapter": "policy", "steps": result["steps"], "pairs": result["pairs"], "pairs_too_long": result["pairs_too_long"],
+            "pairs_human": len(human), "pairs_reward_model": len(ranked)}
+
+
+def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: ModelConfig, events: Events) -> list:
+    """The policy's dpo.candidates answers to each frozen prompt, ranked by the reward model: train.dpo.ranked_pairs."""
+    from train.dpo import ranked_pairs
+    from train.generate import generate
+    from train.models import load_model
+
+    prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
+    generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=dpo.seed)
+    model, tokenizer = load_model(base, config["policy_adapter_path"])
+    generated = generate(model, tokenizer, prompts, generation, progress=False,
+                         on_progress=lambda done, total: events.emit("progress", done=done, total=total, progress=done / total))
+    del model  # the reward model loads the base again: one at a time
+    scored = _scores(config, [prompts[g.prompt_index] for g in generated], [g.text for g in generated])
+    answers, heads, rewards = ([[] for _ in prompts] for _ in range(3))
+    for g, (reward, raw) in zip(generated, scored):
+        answers[g.prompt_index].append((g.text, g.finished))
+        heads[g.prompt_index].append(raw)
+        rewards[g.prompt_index].append(reward)
+    return ranked_pairs(prompts, answers, heads, rewards, dpo.confidence)
 
 
 def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:

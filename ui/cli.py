@@ -8,6 +8,8 @@ from tqdm import tqdm
 
 from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
+from annotate.queue import SORT_KEYS
+from annotate.simulate import UnreachableAgreement
 from store import StoreError
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file
@@ -25,7 +27,7 @@ from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_referenc
 from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rounds import roll_back, round_report, round_summary, run_round
-from ui.owner.simulate import Simulation, simulate as simulate_rounds, training_summary
+from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
 
 
 class TetherGroup(click.Group):
@@ -230,31 +232,44 @@ def rollback(version: int, project_dir: Path):
 
 @cli.command()
 @click.option("--judge", "judge_spec", required=True, metavar="JUDGE",
-              help=f"Built-in ({', '.join(BUILT_IN)}), module:FUNC or PATH.py:FUNC: FUNC(prompt, completion) -> float, higher is better.")
-@click.option("--noise", type=click.FloatRange(min=0), default=0.5, show_default=True,
-              help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs.")
+              help=f"Built-in ({', '.join(BUILT_IN)}; all but concise are length-neutral), module:FUNC or PATH.py:FUNC: "
+                   f"FUNC(prompt, completion) -> float, higher is better.")
+@click.option("--agreement", type=click.FloatRange(0.5, 1, min_open=True, max_open=True), default=0.7, show_default=True,
+              help="Share of votes that side with the judge on the starting policy's pairs; it sets the noise T. "
+                   "0.7 is how often careful human labellers agree with each other.")
+@click.option("--noise", type=click.FloatRange(min=0),
+              help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs. "
+                   "When given, it overrides --agreement.")
 @click.option("--annotators", type=click.IntRange(min=1), default=3, show_default=True, help="Simulated annotators, voting in turn.")
 @click.option("--labels-per-round", type=click.IntRange(min=1), default=96, show_default=True, help="Votes cast before each round; the reward model learns little from fewer.")
 @click.option("--rounds", "round_count", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds to run.")
 @click.option("--eval-prompts", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Prompt file the judge compares policies on; keep it apart from the project's prompts.")
-@click.option("--eval-samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers per evaluation prompt from each policy.")
+@click.option("--eval-samples", type=click.IntRange(min=1),
+              help=f"Answers per evaluation prompt from each policy [default: enough for {EVAL_PAIRS} judged pairs a round, "
+                   f"to tell a 60% win rate from 50%].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the annotators' noise and of the evaluation samples.")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), help="How each round trains the next policy [default: [round] optimizer].")
+@click.option("--strategy", type=click.Choice(list(SORT_KEYS)),
+              help="Which pairs the simulated annotators get, as [queue] strategy: run once with each to compare them "
+                   "[default: [queue] strategy].")
 @click.option("--report", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Also append each round's figures to this file, one JSON object per line.")
 @project_option
-def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: int, round_count: int, eval_prompts: Path,
-             eval_samples: int, seed: int, optimizer: str | None, report: Path | None, project_dir: Path):
+def simulate(judge_spec: str, agreement: float, noise: float | None, annotators: int, labels_per_round: int, round_count: int,
+             eval_prompts: Path, eval_samples: int | None, seed: int, optimizer: str | None, strategy: str | None, report: Path | None,
+             project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
-    The simulated annotators take pairs from the same queue, and vote through the same path, as
+    The noise is set so that votes on pairs of the starting policy's evaluation answers side with
+    the judge --agreement of the time, as people's do with each other; it prints the T chosen. The
+    simulated annotators take pairs from the same queue, and vote through the same path, as
     people in the app; when the queue runs dry the newest policy answers more prompts. After
     each round the judge compares the new policy with the starting one and with its parent on
-    the evaluation prompts, and the round's line says how much its votes could teach, the KL to
-    the starting model on the new policy's evaluation answers, the share of answers that ended,
-    and where its time went. At the end the last round's pairs
-    get votes too, and the round table of `tether rounds` follows.
+    the evaluation prompts, and the round's line says how often its votes sided with the judge,
+    the KL to the starting model on the new policy's evaluation answers, the share of answers
+    that ended, and where its time went. At the end the last round's pairs get votes too, and
+    the round table of `tether rounds` follows.
 
     \b
     Example:
@@ -263,9 +278,13 @@ def simulate(judge_spec: str, noise: float, annotators: int, labels_per_round: i
     project = load_project(project_dir)
     warn_about_length(project)
     prompts = [p.messages for p in read_prompt_file(eval_prompts)]
-    sim = Simulation(load_judge(judge_spec), prompts, noise, annotators, labels_per_round, round_count, eval_samples, seed,
-                     optimizer, report)
-    simulate_rounds(project, sim, click.echo)
+    sim = Simulation(load_judge(judge_spec), prompts, noise=noise, agreement=agreement, annotators=annotators,
+                     labels_per_round=labels_per_round, rounds=round_count, eval_samples=eval_samples, seed=seed,
+                     optimizer=optimizer, strategy=strategy, report=report)
+    try:
+        simulate_rounds(project, sim, click.echo)
+    except UnreachableAgreement as e:
+        raise click.ClickException(f"{e}; give --noise to set the noise yourself") from None
 
 
 @cli.group(cls=TetherGroup)
@@ -292,8 +311,9 @@ def rm_train(include_imported: bool | None, project_dir: Path):
     reward_model = project.run(get_reward_model, None)
     m = reward_model.metrics
     click.echo(
-        f"reward model v{reward_model.version}: held-out accuracy {_share(m['eval_accuracy'])} on {m['pairs_eval']} pairs, "
-        f"trained on {m['pairs_train']} pairs ({m['truncated']} truncated) in {m['train_seconds']:.0f} s, "
+        f"reward model v{reward_model.version}: held-out accuracy {_share(m['eval_accuracy'])} on {m['pairs_eval']} pairs"
+        + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
+        + f", {m['heads']} heads, trained on {m['pairs_train']} pairs ({m['truncated']} truncated) in {m['train_seconds']:.0f} s, "
         f"{m['pairs_per_second']:.2f} pairs/s"
     )
 
@@ -315,7 +335,7 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
         result = evaluate_reward_model(project, version_row, data_file, on_scored=bar.update)
     click.echo(
         f"reward model v{version_row.version} on {data_file}: accuracy {_share(result.accuracy)} over {result.pairs} pairs, "
-        f"mean margin {result.mean_margin:.3f} ({result.truncated} truncated)"
+        f"mean margin {result.mean_margin:.3f}, calibration error {result.calibration_error:.3f} ({result.truncated} truncated)"
     )
 
 
@@ -325,7 +345,8 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
 def rm_score(version: int | None, project_dir: Path):
     """Score every completion with a reward model and store the normalised rewards.
 
-    The `uncertain` queue strategy serves the pairs whose scores are closest first.
+    The `uncertain` queue strategy serves the pairs whose scores are closest first, and `active` those
+    on which the reward model's heads disagree most.
 
     \b
     Example:

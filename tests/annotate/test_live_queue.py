@@ -190,3 +190,47 @@ def test_new_pairs_join_and_orderings_follow_policy_and_scores(tiny_project):
         uncertain.reorder(con, NOW)
         assert serve(uncertain, con, "bob", NOW).pair_id == 2
         assert serve(uncertain, con, "cat", NOW).pair_id == 1
+
+
+def test_active_serves_first_the_pairs_whose_reward_model_heads_disagree_most(tiny_project):
+    add_pairs(tiny_project, prompts=5)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        active = LiveQueue.load(con, QueueConfig(strategy="active"), NOW)
+        # Per pair, each completion's four head scores: pair 3's heads split two against two, pair 5's
+        # lean the same way with some doubt, pair 1's agree (however large its gap), pair 2 has one head.
+        heads = {
+            1: ([3.0, 3.5, 2.5, 3.0], [0.0, 0.0, 0.0, 0.0]),
+            2: ([1.0], [0.0]),
+            3: ([2.0, 2.0, -2.0, -2.0], [0.0, 0.0, 0.0, 0.0]),
+            5: ([1.0, 0.2, 1.5, 0.0], [0.0, 0.0, 0.0, 0.0]),
+        }
+        for pair, (a, b) in heads.items():
+            ca, cb = con.execute("SELECT completion_a, completion_b FROM pairs WHERE id = ?", [pair]).fetchone()
+            con.execute("UPDATE completions SET reward_heads = ? WHERE id = ?", [a, ca])
+            con.execute("UPDATE completions SET reward_heads = ? WHERE id = ?", [b, cb])
+        active.reorder(con, NOW)
+        served = [serve(active, con, name, NOW).pair_id for name in ("bob", "cat", "dan", "eve")]
+        assert served[:3] == [3, 5, 1]  # the most disputed first; unscored pair 4 and single-headed 2 after
+        assert served[3] in (2, 4)
+
+
+def test_preference_spread_is_the_heads_disagreement_on_which_answer_wins():
+    from annotate.queue import preference_spread
+
+    assert preference_spread(None, [1.0, 2.0]) is None
+    assert preference_spread([1.0], [0.0]) == 0.0  # one head cannot disagree with itself
+    assert preference_spread([5.0, 5.0], [0.0, 0.0]) == pytest.approx(0.0)  # sure, and of one mind
+    split = preference_spread([2.0, -2.0], [0.0, 0.0])
+    assert split == pytest.approx(abs(0.8807970779778823 - 0.11920292202211755) / 2 ** 0.5, abs=1e-9)  # sample std of two
+    assert preference_spread([0.5, -0.5], [0.0, 0.0]) < split
+
+
+def test_a_served_pair_says_which_of_its_answers_was_cut_at_the_length_limit(tiny_project):
+    add_pairs(tiny_project, prompts=1)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        cut = con.execute("SELECT completion_a FROM pairs").fetchone()[0]
+        con.execute("UPDATE completions SET finished = false WHERE id = ?", [cut])
+        assignment = serve(LiveQueue.load(con, QueueConfig(), NOW), con, "ann", NOW)
+        shown_cut = assignment.left_text if not assignment.left_finished else assignment.right_text
+        assert (assignment.left_finished, assignment.right_finished).count(False) == 1
+        assert shown_cut == con.execute("SELECT text FROM completions WHERE id = ?", [cut]).fetchone()[0]

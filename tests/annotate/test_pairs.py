@@ -17,3 +17,19 @@ def test_each_new_completion_meets_an_old_one_of_its_prompt_once():
     assert {p.strategy for p in pairs} == {CROSS_VERSION} and {p.votes_wanted for p in pairs} == {1}
     # an identical text is never its opponent, and a prompt the old version never answered gets no pair
     assert pair_across_versions([completion(12, 2, 1, "same")], [completion(3, 2, 0, "same")], QueueConfig()) == []
+
+
+def test_with_reward_model_heads_a_prompt_gets_the_pairs_its_heads_disagree_on_most():
+    from annotate.pairs import pair_within_prompts
+
+    def scored(id: int, heads: list[float]) -> Completion:
+        return Completion(id, 1, 0, f"answer {id}", token_count=3, finished=True, reward_heads=heads)
+
+    group = [scored(1, [0.0, 0.0]), scored(2, [0.1, 0.0]), scored(3, [3.0, -3.0]), scored(4, [-1.0, 1.0])]
+    config = QueueConfig(overlap_share=0.0)
+    one = pair_within_prompts(group, config, pairs_per_prompt=1)
+    assert [(p.completion_a, p.completion_b) for p in one] == [(3, 4)]  # the heads split most on 3 against 4
+    two = pair_within_prompts(group, config, pairs_per_prompt=2)
+    assert [(p.completion_a, p.completion_b) for p in two] == [(3, 4), (1, 2)]  # no completion in two pairs
+    # Without a count, two by two in order, as before any reward model.
+    assert [(p.completion_a, p.completion_b) for p in pair_within_prompts(group, config)] == [(1, 2), (3, 4)]

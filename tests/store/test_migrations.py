@@ -42,7 +42,7 @@ def test_accounts_of_a_database_from_before_disabling_existed_stay_enabled(tmp_p
     con = duckdb.connect(str(tmp_path / "old.duckdb"))
     migrate(con, [m for m in MIGRATIONS if m.version <= 4])
     con.execute("INSERT INTO users (name, role, password_hash) VALUES ('ann', 'annotator', 'scrypt$...')")
-    assert migrate(con) == [5, 6]
+    assert migrate(con) == [5, 6, 7]
     assert con.execute("SELECT name, disabled FROM users").fetchall() == [("ann", False)]
     con.close()
 

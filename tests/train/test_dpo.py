@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from train.config import DPOConfig, ModelConfig
-from train.dpo import encode_pair, train_dpo
+from train.dpo import encode_pair, ranked_pairs, train_dpo
 from train.models import load_model
 from train.snapshot import PreferenceRow
 
@@ -88,7 +88,7 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     from store import open_database
     from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair
 
-    set_settings(tiny_project, "dpo", batch_size=4, epochs=1)
+    set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     run_tether("generate", "--project", str(tiny_project), check=True)
     vote_every_pair(tiny_project)
@@ -114,3 +114,55 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
     assert "v0 → v1" in history
+
+
+def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads_are_confident():
+    prompts = PROMPTS[:3]
+    answers = [[("fine", True), ("great", True), ("bad", False)], [("a", True), ("b", True)], [("same", True), ("same", True)]]
+    rewards = [[0.1, 1.2, -0.9], [0.2, -0.1], [0.0, 0.0]]
+    heads = [
+        [[0.0, 0.5], [2.0, 2.5], [-1.5, -1.0]],  # every head: great beats bad by 3.5 raw
+        [[1.0, -0.8], [0.0, 0.0]],  # the heads split on a against b
+        [[0.0, 0.0], [0.0, 0.0]],
+    ]
+    rows = ranked_pairs(prompts, answers, heads, rewards, confidence=0.9)
+    assert rows == [PreferenceRow(prompts[0], "great", "bad", chosen_finished=True, rejected_finished=False)]
+    # At 0.5 the split prompt's pair is kept when its heads lean its way on average; identical texts never.
+    lenient = ranked_pairs(prompts, answers, heads, rewards, confidence=0.5)
+    assert [(r.chosen, r.rejected) for r in lenient] == [("great", "bad"), ("a", "b")]
+
+
+def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and_ranked_pairs(tiny_project, tiny_model_dir):
+    from contextlib import closing
+
+    from peft import PeftModel
+
+    from store import open_database
+    from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair
+
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="both", prompts=6, candidates=3, confidence=0.5)
+    set_settings(tiny_project, "generation", max_new_tokens=8)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
+        round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()
+        dpo_job = jobs[1][0]
+        metrics = dict(con.execute("SELECT name, value FROM metrics WHERE job_id = ? AND name LIKE 'pairs%'", [dpo_job]).fetchall())
+        adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("generate", "done")]
+    assert round_ == ("done", 1, 1)
+    human = len(read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "preferences.parquet"))
+    assert metrics["pairs_human"] == human > 0 and 0 < metrics["pairs_reward_model"] <= 6
+    assert metrics["pairs"] + metrics["pairs_too_long"] == human + metrics["pairs_reward_model"]
+    prompts = {r["prompt_id"] for r in read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "prompts.parquet")}
+    assert len(prompts) == 6 and not prompts & held_back_ids(tiny_project), "the ranked pairs must not come from held-back prompts"
+    model = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tiny_project / adapter))
+    assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+    assert f"trained on {human} human pairs and {metrics['pairs_reward_model']:.0f} ranked by the reward model" in history

@@ -98,14 +98,16 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     # Generation splits the prompts: every completion once, in prompt order, from both processes.
     status, log = run_two_processes(tiny_project, lambda p, run: submit_generation(p, run, limit=3, per_prompt=2))
     assert status == "done", log
-    assert shares(log, "completions") in ({0: 4, 1: 2}, {0: 2, 1: 4}), log
+    # A reward model exists, so each prompt's one pair is chosen from 4 answers (the 'active' queue), each
+    # process scoring its own.
+    assert shares(log, "completions") in ({0: 8, 1: 4}, {0: 4, 1: 8}), log
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        made = con.execute("SELECT prompt_id, count(*) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
-    assert len(made) == 3 and all(n == 2 for _, n in made)
+        made = con.execute("SELECT prompt_id, count(*), count(reward_heads) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
+    assert len(made) == 3 and all(n == scored == 4 for _, n, scored in made)
     # Only the first process writes events, and its progress speaks for the whole job, not its share.
     job_dir = max((tiny_project / "jobs").iterdir(), key=lambda d: int(d.name))
     progress = [e for e in read_events(job_dir, 0)[0] if e["event"] == "progress"]
-    assert progress[-1]["done"] == progress[-1]["total"] == 6 and progress[-1]["progress"] == 1.0
+    assert progress[-1]["done"] == progress[-1]["total"] == 12 and progress[-1]["progress"] == 1.0
 
 
 def test_more_gpus_than_the_machine_has_is_refused_before_a_job_is_queued(tiny_project, tmp_path):

@@ -49,11 +49,11 @@ def test_scoring_halves_a_batch_that_runs_out_of_memory_with_the_same_scores(tin
     tokenizer = load_tokenizer(tiny_model_dir)
     classifier = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).eval()
     classifier.config.pad_token_id = tokenizer.pad_token_id
-    reward_model = RewardModel(classifier, tokenizer, Normalization(0.0, 1.0), 64)
+    reward_model = RewardModel(classifier, tokenizer, Normalization([0.0], [1.0]), 64)
     prompts, responses = [p for p in CHAT_PROMPTS for _ in range(3)], [f"answer number {i}" for i in range(9)]
     expected = reward_model.raw_scores(prompts, responses, batch_size=8)
     limit_memory(classifier.model)
-    assert reward_model.raw_scores(prompts, responses, batch_size=8) == pytest.approx(expected, abs=1e-5)
+    assert sum(reward_model.raw_scores(prompts, responses, batch_size=8), []) == pytest.approx(sum(expected, []), abs=1e-5)
     assert "out of GPU memory in scoring: batch size halved to 2" in capsys.readouterr().err
 
 

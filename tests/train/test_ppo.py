@@ -43,7 +43,7 @@ def test_the_toy_reward_model_favours_its_token(peaked_model_dir, favoured, wrap
     candidates = first_token_probs(peaked_model_dir).topk(20).indices
     texts = [tokenizer.decode([t]) for t in candidates.tolist()]
     for prompt in PPO_PROMPTS:
-        scores = reward_scores(model, scorer, [prompt] * len(texts), texts)
+        scores, _ = reward_scores(model, scorer, [prompt] * len(texts), texts)
         assert candidates[scores.argmax()].item() == token
 
 
@@ -205,8 +205,8 @@ def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
 
     copy = tmp_path / "rm-copy"
     shutil.copytree(reward_dir, copy)
-    (copy / NORMALIZATION_FILE).write_text(json.dumps({"mean": mean, "std": std}))
-    (copy / METRICS_FILE).write_text(json.dumps({"config": {"max_length": max_length}}))
+    (copy / NORMALIZATION_FILE).write_text(json.dumps({"mean": [mean], "std": [std]}))
+    (copy / METRICS_FILE).write_text(json.dumps({"config": {"max_length": max_length, "heads": 1}}))
     return copy
 
 
@@ -253,9 +253,38 @@ def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_le
     long_prompt = [{"role": "user", "content": "Tell me about music, light, fruit and the sea, all of it, at length please."}]
     prompts, texts = [long_prompt, PPO_PROMPTS[0], PPO_PROMPTS[1]], ["Music is light.", "A fig", ""]
     assert len(encode(tokenizer, long_prompt, texts[0], 10_000).input_ids) > 14  # so the cut matters
-    ppo = reward_scores(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length), prompts, texts)
+    ppo, _ = reward_scores(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length), prompts, texts)
     rm_score = load_reward_model(str(peaked_model_dir), reward_dir).score(prompts, texts)
     assert torch.allclose(ppo, torch.tensor(rm_score), atol=1e-4), (ppo, rm_score)
+
+
+def test_ppo_grpo_and_rm_score_take_the_heads_mean_as_the_reward_and_their_spread_as_its_uncertainty(
+        peaked_model_dir, favoured, tmp_path):
+    from tests.conftest import token_reward_model
+    from train.config import GRPOConfig
+    from train.grpo import penalised_scores
+    from train.reward_model import load_reward_model
+
+    candidates = first_token_probs(peaked_model_dir).topk(20).indices
+    reward_dir = token_reward_model(peaked_model_dir, favoured[0], candidates, tmp_path / "rm", heads=(1.0, 0.5, 1.5, -0.5))
+    model, tokenizer = load_plain(peaked_model_dir)
+    texts = [tokenizer.decode([t]) for t in candidates[:6].tolist()]
+    prompts = [PPO_PROMPTS[i % len(PPO_PROMPTS)] for i in range(len(texts))]
+    rm = load_reward_model(str(peaked_model_dir), reward_dir)
+    rewards, spreads = rm.score_with_uncertainty(prompts, texts)
+    raw = torch.tensor(rm.raw_scores(prompts, texts))  # (N, 4), normalisation 0 and 1
+    assert rewards == pytest.approx(raw.mean(dim=1).tolist(), abs=1e-5) and min(spreads) > 0.1  # the heads disagree
+
+    reward = read_reward_adapter(reward_dir)
+    ppo, ppo_spreads = reward_scores(build(model, reward, PPOConfig()), RewardScorer(tokenizer, reward.normalization, reward.max_length),
+                                     prompts, texts)
+    assert ppo.tolist() == pytest.approx(rewards, abs=1e-4) and ppo_spreads.tolist() == pytest.approx(spreads, abs=1e-4)
+
+    eos = tokenizer.eos_token_id
+    grpo = penalised_scores(rm, GRPOConfig(uncertainty_penalty=0.5, length_penalty=0.0), eos)
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    assert grpo(prompts, completions, [[t, eos] for t in candidates[:6].tolist()]) == pytest.approx(
+        [r - 0.5 * s for r, s in zip(rewards, spreads)], abs=1e-5)
 
 
 def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_model_dir, favoured, tmp_path):

@@ -103,7 +103,8 @@ def test_the_score_is_read_at_the_last_non_pad_token(tiny_model_dir):
     model.eval()
     prompts = ["Hi?", [{"role": "user", "content": "Name a colour."}], "Why?"]
     responses = ["apple", "green, like a river in the light", "because"]
-    batched = RewardModel(model, tokenizer, Normalization(0.0, 1.0), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
+    heads = RewardModelConfig().heads
+    batched = RewardModel(model, tokenizer, Normalization([0.0] * heads, [1.0] * heads), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
 
     classifier = model.get_base_model()
     pad = tokenizer.pad_token_id
@@ -111,24 +112,24 @@ def test_the_score_is_read_at_the_last_non_pad_token(tiny_model_dir):
         for prompt, response, got in zip(prompts, responses, batched):
             ids = torch.tensor([encode(tokenizer, prompt, response, 512).input_ids])  # (1, T)
             hidden = classifier.model(input_ids=ids).last_hidden_state  # (1, T, C)
-            manual = classifier.score(hidden[:, -1]).item()  # the head on the last token, the closing EOS
+            manual = classifier.score(hidden[:, -1])[0].tolist()  # the heads on the last token, the closing EOS
             assert got == pytest.approx(manual, abs=1e-5)
 
             padded = torch.cat([ids, torch.full((1, 5), pad)], dim=1)  # (1, T + 5)
             mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=torch.long)], dim=1)
-            assert model(input_ids=padded, attention_mask=mask).logits.item() == pytest.approx(manual, abs=1e-5)
+            assert model(input_ids=padded, attention_mask=mask).logits[0].tolist() == pytest.approx(manual, abs=1e-5)
             # Right padding leaves the real tokens where they are, so even without a mask nothing changes.
-            assert model(input_ids=padded).logits.item() == pytest.approx(manual, abs=1e-5)
+            assert model(input_ids=padded).logits[0].tolist() == pytest.approx(manual, abs=1e-5)
             # Left padding needs the mask: unmasked, the pads in front are attended to.
             left = torch.cat([torch.full((1, 5), pad), ids], dim=1)
-            assert model(input_ids=left).logits.item() != pytest.approx(manual, abs=1e-5)
+            assert model(input_ids=left).logits[0].tolist() != pytest.approx(manual, abs=1e-5)
 
         # Why the pad token must differ from EOS: with pad == EOS the closing EOS counts as padding
         # and the score is read one token early.
         ids = encode(tokenizer, prompts[0], responses[0], 512).input_ids
         classifier.config.pad_token_id = tokenizer.eos_token_id
-        early = model(input_ids=torch.tensor([ids])).logits.item()
-        assert early == pytest.approx(model(input_ids=torch.tensor([ids[:-1]])).logits.item(), abs=1e-6)
+        early = model(input_ids=torch.tensor([ids])).logits[0].tolist()
+        assert early == pytest.approx(model(input_ids=torch.tensor([ids[:-1]])).logits[0].tolist(), abs=1e-6)
         assert early != pytest.approx(batched[0], abs=1e-5)
         classifier.config.pad_token_id = pad
 
@@ -206,7 +207,7 @@ def test_a_saved_reward_model_scores_the_same_in_a_fresh_process_with_plain_tran
     prompts, responses = [c[0] for c in cases], [c[1] for c in cases]
     ours_raw = reward_model.raw_scores(prompts, responses, batch_size=8)
     ours = reward_model.score(prompts, responses, batch_size=8)
-    assert [p["raw"] for p in plain] == pytest.approx(ours_raw, abs=1e-4)
+    assert sum((p["raw"] for p in plain), []) == pytest.approx(sum(ours_raw, []), abs=1e-4)
     assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=1e-4)
 
 
@@ -277,7 +278,7 @@ def test_a_warm_start_trains_on_the_new_pairs_and_a_replay_sample_and_scores_the
     # Still a plain PEFT adapter.
     cases = [(r.prompt, reply) for r in plan.new_eval[:3] + train[:3] for reply in (r.chosen, r.rejected)]
     plain = score_with_plain_peft(tiny_model_dir, tmp_path / "v2", cases, tmp_path)
-    assert [p["raw"] for p in plain] == pytest.approx(v2.raw_scores([c[0] for c in cases], [c[1] for c in cases]), abs=1e-4)
+    assert sum((p["raw"] for p in plain), []) == pytest.approx(sum(v2.raw_scores([c[0] for c in cases], [c[1] for c in cases]), []), abs=1e-4)
 
 
 def test_a_warm_start_begins_at_the_saved_adapter_and_head(trained, tiny_model_dir, tmp_path):
@@ -301,3 +302,44 @@ def test_a_warm_start_with_no_new_training_pairs_fails_clearly(trained, tiny_mod
     with pytest.raises(ModelError, match=f"its {len(held)} new pairs are all on held-out prompts"):
         train_reward_model(str(tiny_model_dir), train, held, TRAIN_CONFIG, tmp_path / "v2", warm_start=held_out_only)
     assert not (tmp_path / "v2").exists()
+
+
+def test_the_heads_are_an_ensemble_each_fitted_to_its_own_resampling_and_the_reward_is_their_mean(trained, tiny_model_dir):
+    from train.reward import bootstrap_weights
+    from train.reward_model import reward_and_uncertainty
+
+    rows, train, held, metrics, out_dir, progress = trained
+    heads = TRAIN_CONFIG.heads
+    assert heads == metrics["heads"] == 4
+    weights = [bootstrap_weights(row, heads, TRAIN_CONFIG.seed) for row in train]
+    assert {w for ws in weights for w in ws} == {0.0, 2.0}  # double or nothing
+    assert len({tuple(ws) for ws in weights}) > 1  # the heads see different resamplings
+    assert weights == [bootstrap_weights(row, heads, TRAIN_CONFIG.seed) for row in train]  # fixed by the pair, in every version
+    assert bootstrap_weights(train[0], 1, TRAIN_CONFIG.seed) == [1.0]  # one head: plain Bradley-Terry
+
+    reward_model = load_reward_model(str(tiny_model_dir), out_dir)
+    prompts = [r.prompt for r in held] * 2
+    responses = [r.chosen for r in held] + [r.rejected for r in held]
+    raw = torch.tensor(reward_model.raw_scores(prompts, responses), dtype=torch.float64)  # (N, K)
+    assert raw.shape == (len(responses), heads)
+    normalised = reward_model.normalization.apply(raw)
+    # The heads differ after training: not one head K times, and not merely in their offsets.
+    correlations = torch.corrcoef(normalised.T)
+    assert (normalised.std(dim=1) > 1e-3).all() and correlations[~torch.eye(heads, dtype=torch.bool)].max() < 0.9999
+    rewards, spreads = reward_model.score_with_uncertainty(prompts, responses)
+    assert rewards == pytest.approx(normalised.mean(dim=1).tolist(), abs=1e-6)
+    assert rewards == pytest.approx(reward_model.score(prompts, responses), abs=1e-9)
+    assert spreads == pytest.approx(normalised.std(dim=1).tolist(), abs=1e-6)
+    assert reward_and_uncertainty(normalised[:, :1])[1].abs().max() == 0  # a single head is never uncertain
+
+    assert 0 <= metrics["eval_calibration_error"] <= 0.5
+
+
+def test_calibration_error_is_zero_for_a_calibrated_guess_and_large_for_an_overconfident_one():
+    from train.reward_model import calibration_error
+
+    # 70% sure every time, and right 7 times in 10: the chosen response is the one people voted for.
+    calibrated = torch.tensor([0.7] * 7 + [0.3] * 3, dtype=torch.float64)
+    assert calibration_error(calibrated) == pytest.approx(0, abs=1e-9)
+    sure_and_half_wrong = torch.tensor([0.99] * 5 + [0.01] * 5, dtype=torch.float64)
+    assert calibration_error(sure_and_half_wrong) == pytest.approx(0.49, abs=1e-9)

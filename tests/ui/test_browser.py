@@ -415,7 +415,7 @@ def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(br
         # The settings are one click away; with no round running, there is nothing to cancel.
         page.get_by_text("Settings of each round").click()
         settings = page.get_by_role("grid", name="How each round ran, newest first")
-        expect(settings.get_by_role("gridcell", name=re.compile("^DPO: beta "))).to_be_visible()
+        expect(settings.get_by_role("gridcell", name=re.compile("^DPO: pairs both, beta "))).to_be_visible()
         expect(settings.get_by_role("gridcell", name=re.compile("^PPO: steps "))).to_be_visible()
         expect(page.get_by_role("button", name="Cancel the round")).to_be_disabled()
         # The newest round is DPO's: its curves are shown, and no table of PPO's samples.

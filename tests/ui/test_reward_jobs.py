@@ -13,6 +13,7 @@ from typing import Iterator
 import pytest
 from gradio_client import Client
 
+from annotate.queue import preference_spread
 from store import open_database
 from train.jobdir import read_job
 from train.snapshot import PreferenceRow, read_preferences
@@ -62,17 +63,30 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
     assert "reward model v1 on" in evaluated.stdout and "over 40 pairs" in evaluated.stdout
 
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    # With a reward model, the 'active' queue (the default) has generation sample 4 answers for each pair
+    # wanted, score them, and pair the two its heads disagree on most.
     run_tether("generate", "--limit", "3", "--project", str(tiny_project), check=True)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        sampled = con.execute("SELECT id, prompt_id, reward, reward_heads FROM completions WHERE policy_version = 0 ORDER BY id").fetchall()
+        pairs = con.execute("SELECT prompt_id, completion_a, completion_b FROM pairs WHERE strategy = 'same_policy'").fetchall()
+    assert len(sampled) == 12 and all(reward is not None and len(heads) == 4 for _, _, reward, heads in sampled)
+    heads = {cid: h for cid, _, _, h in sampled}
+    assert len(pairs) == 3
+    for prompt, a, b in pairs:
+        answers = [cid for cid, pid, _, _ in sampled if pid == prompt]
+        most = max(preference_spread(heads[x], heads[y]) for i, x in enumerate(answers) for y in answers[i + 1 :])
+        assert preference_spread(heads[a], heads[b]) == pytest.approx(most)
     scored = run_tether("rm", "score", "--project", str(tiny_project))
     assert scored.returncode == 0, scored.stderr
-    assert scored.stdout.strip() == "stored rewards from reward model v1 on 6 completions"
+    assert scored.stdout.strip() == "stored rewards from reward model v1 on 12 completions"
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rewards = con.execute(
             "SELECT p.messages, c.text, c.reward FROM completions c JOIN prompts p ON p.id = c.prompt_id "
             "WHERE c.policy_version IS NOT NULL ORDER BY c.id"
         ).fetchall()
         imported = con.execute("SELECT count(reward) FROM completions WHERE policy_version IS NULL").fetchone()[0]
-    assert len(rewards) == 6 and all(r is not None for *_, r in rewards) and imported == 0
+    assert len(rewards) == 12 and imported == 0
+    assert [r for *_, r in rewards] == pytest.approx([r for _, _, r, _ in sampled], abs=1e-5)  # as generation scored them
 
     # The stored rewards are what plain transformers + peft give from the saved version, in a fresh process.
     cases = [(json.loads(messages), text) for messages, text, _ in rewards]

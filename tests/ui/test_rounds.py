@@ -101,19 +101,30 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
     report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [(r["round"], r["optimizer"], r["policy"], r["votes"], r["pairs"]) for r in report] == [(1, "ppo", 1, 10, 10), (2, "ppo", 2, 10, 10)]
     assert lines[1].startswith("round 0: policy v0, judge mean score")
+    assert re.fullmatch(r"noise T = 0\.2, as given: votes on v0's 5 pairs of answers to the same evaluation prompt "
+                        r"would side with the judge \d+\.\d% of the time", lines[2])
     for number in (1, 2):
         line = next(line for line in lines if line.startswith(f"round {number}:"))
         assert f"policy v{number}: judge win rate over v0" in line and "on 10 answers" in line
         figures = report[number - 1]
         assert f"KL to v0 on its answers {figures['kl_to_v0']:.2f}," in line and f"{figures['win_rate']:.1%} [{figures['low']:.1%}" in line
         assert figures["seconds"] >= sum(figures["stages"].values()) and set(figures["stages"]) >= {"votes", "PPO", "evaluation"}
-        assert re.search(r"10 votes, \d+\.\d% of them expected to side with the noiseless judge", line)
+        agreement = re.search(r"10 votes, (\d+\.\d)% of them sided with the noiseless judge \(\d+\.\d% expected\)", line)
+        assert agreement and float(agreement[1]) == pytest.approx(100 * figures["agreement"], abs=0.05)
+        assert figures["noise"] == 0.2 and 0.5 <= figures["expected_agreement"] <= 1
         assert re.search(rf"over v{number - 1} \d+\.\d%", line) and "of its answers ended" in line
+        follows = figures["reward_model_follows_judge"]  # of round's reward model, on the new policy's answers
+        assert figures["strategy"] == "active" and -1 <= follows <= 1
+        assert f"the reward model's score correlates {follows:.2f} with the judge's within a prompt" in line
         took = next(line for line in lines if line.startswith(f"round {number} took"))
         assert all(stage in took for stage in ("votes", "reward model", "PPO", "completions", "evaluation"))
     assert "v1 agreed with" in next(line for line in lines if line.startswith("round 2:"))  # the warm start measured v1 on the new votes
     table = lines.index("the rounds as people (the simulated annotators) saw them:")
     assert lines[table + 1].split()[:3] == ["round", "status", "policy"] and len(lines) >= table + 4
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        ended = con.execute("SELECT policy_version, count(*) FILTER (WHERE finished), count(*) FROM completions GROUP BY ALL ORDER BY 1").fetchall()
+    assert len(ended) == 3 and ("answers that ended, not cut at the length limit: "
+                                + ", ".join(f"v{v} {done / total:.0%} of {total}" for v, done, total in ended)) in lines
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         votes = con.execute("SELECT annotator, source, count(*) FROM comparisons GROUP BY ALL ORDER BY annotator").fetchall()
         open_leases = con.execute("SELECT count(*) FROM assignments WHERE closed_at IS NULL").fetchone()[0]
@@ -134,6 +145,18 @@ def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):
     eval_file.write_text(json.dumps({"prompt": "Hi"}) + "\n")
     result = run_tether("simulate", "--judge", "nosuch", "--eval-prompts", str(eval_file), "--project", str(tiny_project))
     assert result.returncode == 1 and "judge 'nosuch'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_simulate_judges_enough_answers_and_refuses_an_agreement_its_judge_cannot_give(tiny_project, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(5)))
+    flat = tmp_path / "flat.py"
+    flat.write_text("def judge(prompt, completion):\n    return 0.0\n")  # every pair a tie: votes on them are coin flips
+    result = run_tether("simulate", "--judge", f"{flat}:judge", "--eval-prompts", str(eval_file), "--project", str(tiny_project))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    # 39 answers to each of 5 prompts: 195 against the starting policy's 195, at least 192 a round.
+    assert "sampling 39 answers from the starting policy v0 to each of 5 evaluation prompts" in result.stdout
+    assert "the judge scores 100% of the 3705 pairs the same" in result.stderr and "give --noise" in result.stderr
 
 
 def test_a_restart_fails_the_rounds_whose_jobs_nobody_runs_and_keeps_those_with_a_job_queued(tmp_path):

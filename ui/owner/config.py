@@ -82,8 +82,9 @@ class RoundConfig:
     optimizer: str = field(
         default="ppo",
         metadata={"help": "How a round turns votes into the next policy: 'ppo' (a reward model trained on the votes, then "
-                          "PPO against it with a KL penalty to the starting model), 'dpo' (DPO on the votes directly, with "
-                          "the starting model as its reference: no reward model and no sampling) or 'grpo' (a reward model, "
+                          "PPO against it with a KL penalty to the starting model), 'dpo' (DPO with the starting model as its "
+                          "reference, on the votes and on the policy's fresh answers ranked by a reward model trained on "
+                          "them first, as [dpo] pairs says) or 'grpo' (a reward model, "
                           "then GRPO: groups of responses per prompt, each group's mean reward the baseline, no value model)."},
     )
     held_back_share: float = field(

@@ -9,6 +9,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -70,7 +71,9 @@ def submit_generation(
     """Queue sampling from the policy (the newest by default): for the given prompts, or those it has sampled least.
 
     The completions are paired within each prompt or, given `against`, each with one of that
-    policy version's completions of its prompt.
+    policy version's completions of its prompt. With the 'active' queue and a reward model, the
+    job also scores them, and a prompt's per_prompt / 2 pairs are chosen from `candidates` times
+    as many answers (annotate.pairs.most_disputed).
     """
     generation = project.config.generation
     if per_prompt is not None:
@@ -78,6 +81,12 @@ def submit_generation(
     policy = run(get_policy, policy_version)
     if prompts is None:
         prompts = run(prompts_to_generate, policy.version, limit)
+    queue = project.config.queue
+    reward_model = run(_newest_reward_model) if queue.strategy == "active" else None
+    pairs_per_prompt = None
+    if reward_model is not None and against is None:
+        pairs_per_prompt = max(1, generation.per_prompt // 2)
+        generation = dataclasses.replace(generation, per_prompt=pairs_per_prompt * queue.candidates)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "generation": dataclasses.asdict(generation),
@@ -85,8 +94,15 @@ def submit_generation(
         "policy_version": policy.version,
         "adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
         "against": against,
+        "reward_model": dataclasses.asdict(project.config.reward_model),
+        "reward_adapter_path": str(project.root / reward_model.adapter_path) if reward_model else None,
+        "pairs_per_prompt": pairs_per_prompt,
     }
     return _submit(project, run, "generate", config, {"prompts": _prompt_table(prompts)}, round_id)
+
+
+def _newest_reward_model(con: Connection) -> RewardModel | None:
+    return get_reward_model(con) if list_reward_models(con) else None
 
 
 def _prompt_table(prompts: list[Prompt]) -> pa.Table:
@@ -125,7 +141,7 @@ def submit_reward_training(
 
 
 # A version can be continued only by an adapter of its own shape on its own base model.
-ADAPTER_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
+ADAPTER_SETTINGS = ("heads", "lora_r", "lora_alpha", "lora_dropout", "target_modules")
 
 
 def _warm_start(project: Project, run: Run, reward: RewardModelConfig, pair_ids: list[int]) -> dict[str, Any] | None:
@@ -181,7 +197,7 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(project.config.reward_model),
         "version": reward_model.version,
-        "adapter_path": str(project.root / reward_model.adapter_path),
+        "reward_adapter_path": str(project.root / reward_model.adapter_path),
     }
     return _submit(project, run, "score", config, {"completions": table})
 
@@ -247,33 +263,43 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
     return _submit(project, run, kind, config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
-def submit_dpo(project: Project, run: Run, policy_version: int | None = None, round_id: int | None = None,
-               read: Run | None = None) -> Job:
-    """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes.
+def submit_dpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
+               round_id: int | None = None, read: Run | None = None) -> Job:
+    """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes,
+    on pairs a reward model (the newest by default) ranks, or on both, as [dpo] pairs says.
 
     Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
-    votes = "latest" it takes only pairs with a completion of the policy it starts from.
+    votes = "latest" it takes only votes on pairs with a completion of the policy it starts from.
     `read` reads the votes beside the writer, as for submit_reward_training.
     """
     dpo = project.config.dpo
     policy = run(get_policy, policy_version)
     share = project.config.round.held_back_share
-    held_back = {p.id for p in run(prompts_to_generate, policy.version, None) if is_held_back(p, share)}
-    rows = [
+    prompts = run(prompts_to_generate, policy.version, None)
+    held_back = {p.id for p in prompts if is_held_back(p, share)}
+    rows = [] if dpo.pairs == "reward_model" else [
         r for r in (read or run)(preference_rows, False)
         if r.prompt_id not in held_back
         and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
     ]
-    if not rows:
+    if not rows and dpo.pairs == "human":
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
     config = {
         "model": dataclasses.asdict(project.config.model),
-        "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order
+        "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order and samples
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
-    return _submit(project, run, "dpo", config, {"preferences": preference_table(rows)}, round_id)
+    inputs = {"preferences": preference_table(rows)}
+    if dpo.pairs != "human":
+        reward_model = run(get_reward_model, reward_version)
+        training = [p for p in prompts if p.id not in held_back]
+        drawn = random.Random(dpo.seed + policy.version).sample(training, min(dpo.prompts, len(training)))
+        inputs["prompts"] = _prompt_table(drawn)
+        config |= {"generation": dataclasses.asdict(project.config.generation), "reward_model": dataclasses.asdict(project.config.reward_model),
+                   "reward_version": reward_model.version, "reward_adapter_path": str(project.root / reward_model.adapter_path)}
+    return _submit(project, run, "dpo", config, inputs, round_id)
 
 
 def _submit(
@@ -325,11 +351,14 @@ def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[s
     """Store the completions, the pairs built from them, and the job as done: all or nothing."""
     rows = pq.read_table(directory / result["completions"]).to_pylist()
     completions = [
-        NewCompletion(r["prompt_id"], job.config["policy_version"], r["text"], r["token_count"], r["finished"], job.config["sampling"])
+        NewCompletion(r["prompt_id"], job.config["policy_version"], r["text"], r["token_count"], r["finished"], job.config["sampling"],
+                      r.get("reward"), r.get("reward_heads"))
         for r in rows
     ]
     with transaction(con):
-        stored, pairs = add_completions_with_pairs(con, completions, project.config.queue, job.config.get("against"))
+        stored, pairs = add_completions_with_pairs(
+            con, completions, project.config.queue, job.config.get("against"), job.config.get("pairs_per_prompt")
+        )
         add_metrics(con, job.id, [(0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})])
         finish_job(con, job.id, "done", utcnow())
 
@@ -356,7 +385,7 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
 def ingest_scores(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
     scores = pq.read_table(directory / result["scores"]).to_pylist()
     with transaction(con):
-        set_rewards(con, {row["completion_id"]: row["reward"] for row in scores})
+        set_rewards(con, {row["completion_id"]: (row["reward"], row["reward_heads"]) for row in scores})
         add_metrics(con, job.id, [(0, {"scored": len(scores)})])
         finish_job(con, job.id, "done", utcnow())
 
@@ -438,7 +467,7 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
         if job.round is not None:
             set_policy_to(con, job.round, version)
         steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
-        if counts := {k: result[k] for k in ("pairs", "pairs_too_long") if k in result}:  # DPO's
+        if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model") if k in result}:  # DPO's
             steps.append((0, counts))
         add_metrics(con, job.id, steps)
         finish_job(con, job.id, "done", utcnow())

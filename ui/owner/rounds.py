@@ -23,8 +23,8 @@ from annotate.ratings import Game, LengthControlled, Vote, WinRate, bradley_terr
 from store import StoreError
 from store.db import utcnow
 from store.jobs import Job, job_metrics, metric_series, round_jobs
-from store.completions import paired_texts
-from store.policies import Policy, add_rollback, get_policy, plan_rollback
+from store.completions import completions_of, paired_texts
+from store.policies import Policy, add_rollback, get_policy, plan_rollback, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
@@ -36,28 +36,31 @@ from ui.owner.project import Project
 
 STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
 POLICY_JOBS = ("ppo", "dpo", "grpo")  # the jobs that train a round's new policy
-SUBMIT_AFTER_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo}
+SUBMIT_AFTER_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo, "dpo": submit_dpo}
 
 
 def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None,
                 optimizer: str | None = None) -> Job:
     """Start a round from the newest policy with `optimizer` ([round] optimizer by default); return its first job.
 
-    A PPO or GRPO round trains a reward model first unless given a version; a DPO round trains
-    on the votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
+    A PPO or GRPO round trains a reward model first unless given a version, and so does a DPO
+    round on pairs the reward model ranks; a DPO round on [dpo] pairs = "human" trains on the
+    votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
     """
     optimizer = optimizer or project.config.round.optimizer
     if optimizer not in OPTIMIZERS:
         raise StoreError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    votes_only = optimizer == "dpo" and project.config.dpo.pairs == "human"
     if reward_version is not None:
-        if optimizer == "dpo":
-            raise StoreError("a DPO round learns from the votes directly and uses no reward model: leave the version out")
+        if votes_only:
+            raise StoreError('a DPO round with [dpo] pairs = "human" learns from the votes directly and uses no reward model: '
+                             "leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
     policy = run(get_policy, None)
     round_ = run(add_round, policy.version, reward_version, optimizer)
     try:
-        if optimizer == "dpo":
-            return submit_dpo(project, run, policy.version, round_.id, read)
+        if votes_only:
+            return submit_dpo(project, run, None, policy.version, round_.id, read)
         if reward_version is None:
             return submit_reward_training(project, run, round_id=round_.id, read=read)
         return SUBMIT_AFTER_REWARD_MODEL[optimizer](project, run, reward_version, policy.version, round_.id)
@@ -135,6 +138,7 @@ class RoundSummary:
     score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
     pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
+    pairs: tuple[int, int] | None  # DPO's pairs from votes and pairs the reward model ranked
     win_rate: WinRate | None  # human votes on v+1 against v
     length_controlled: LengthControlled | None  # the same votes' win rate at equal length
     # The round's reward model's accuracy on the votes that came after it was trained (mostly on
@@ -158,11 +162,13 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
     policy_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
-    kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = None
+    kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = None
     stopped_early = False
     if policy_job is not None and policy_job.status == "done":
         last = run(job_metrics, policy_job.id)
         margin, pair_accuracy = last.get("margin"), last.get("accuracy")
+        if "pairs_human" in last:
+            pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
@@ -174,7 +180,7 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     return RoundSummary(
         round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
-        stopped_early, score_gain, margin, pair_accuracy,
+        stopped_early, score_gain, margin, pair_accuracy, pairs,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
     )
 
@@ -342,8 +348,22 @@ def round_report(run: Run) -> list[str]:
     lines += ["  ".join(str(row[k]).ljust(w) for k, w in widths.items()) for row in rows]
     if scores := ratings(run):
         lines.append("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
+    if ended := ended_answers(run):
+        lines.append("answers that ended, not cut at the length limit: "
+                     + ", ".join(f"v{v} {done / total:.0%} of {total}" for v, (done, total) in ended.items()))
     lines += [f"warning: {warning}" for warning in round_warnings(run, history)]
     return lines
+
+
+def ended_answers(run: Run) -> dict[int, tuple[int, int]]:
+    """Of each policy version's answers to the active prompts, how many ended, and of how many: annotators can only
+    judge an answer that ends, and a version that learned to end its answers shows here."""
+    ended = {}
+    for version in run(policy_versions):
+        answers = run(completions_of, version, [p.id for p in run(prompts_to_generate, version, None)])
+        if answers:
+            ended[version] = (sum(a.finished for a in answers), len(answers))
+    return ended
 
 
 def describe(summary: RoundSummary) -> dict[str, Any]:
@@ -369,7 +389,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
 # The settings the round history shows for each optimiser.
 SHOWN_SETTINGS = {
     "ppo": ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl"),
-    "dpo": ("beta", "votes", "epochs", "batch_size", "learning_rate"),
+    "dpo": ("pairs", "beta", "votes", "epochs", "batch_size", "learning_rate"),
     "grpo": ("steps", "prompts_per_step", "group_size", "learning_rate", "beta"),
 }
 
@@ -378,6 +398,8 @@ def _settings(summary: RoundSummary) -> str:
     if summary.optimizer is None:
         return ""
     shown = ", ".join(f"{k} {summary.settings[k]}" for k in SHOWN_SETTINGS[summary.optimizer] if k in summary.settings)
+    if summary.pairs is not None:
+        shown += f"; trained on {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model"
     return f"{summary.optimizer.upper()}: {shown}"
 
 

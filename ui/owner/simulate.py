@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.judges import Judge
-from annotate.simulate import Messages, Votes, cast_votes, judge_against
+from annotate.simulate import (
+    Messages, Votes, cast_votes, expected_agreement, judge_against, last_user_message, noise_for_agreement, within_prompt_margins,
+)
 from store.jobs import job_metrics, metric_series
 from store.policies import Policy, get_policy
 from store.prompts import prompts_to_generate
@@ -28,30 +30,48 @@ from ui.owner.project import Project
 from ui.owner.rounds import RoundSummary, round_report, round_summary, run_round
 
 
+# Judged pairs per round, at the least: at a 60% win rate the Wilson 95% interval of 192 pairs is
+# [53%, 67%], so it tells 60% from 50%.
+EVAL_PAIRS = 192
+
+
 @dataclass(frozen=True)
 class Simulation:
     judge: Judge
     eval_prompts: list[Messages]  # the judge compares policies on these; keep them apart from the project's prompts
-    noise: float = 0.5  # T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T)
+    # T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T). None: the T at which
+    # votes on the starting policy's pairs side with the judge `agreement` of the time.
+    noise: float | None = None
+    agreement: float = 0.7  # the share careful human labellers agree with each other
     annotators: int = 3
     labels_per_round: int = 96
     rounds: int = 3
-    eval_samples: int = 4  # answers per evaluation prompt from each policy
+    eval_samples: int | None = None  # answers per evaluation prompt from each policy; None: EVAL_PAIRS in all at the least
     seed: int = 0
     optimizer: str | None = None  # [round] optimizer when None
+    strategy: str | None = None  # [queue] strategy when None
     report: Path | None = None  # where to append each round's figures, one JSON object per line
+
+    @property
+    def answers_per_prompt(self) -> int:
+        return self.eval_samples or math.ceil(EVAL_PAIRS / len(self.eval_prompts))
 
 
 def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> None:
     """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table follows."""
+    if sim.strategy is not None:
+        queue = dataclasses.replace(project.config.queue, strategy=sim.strategy)
+        project = dataclasses.replace(project, config=dataclasses.replace(project.config, queue=queue))
     rng = random.Random(sim.seed)
     names = [f"simulated-{i}" for i in range(1, sim.annotators + 1)]
     prompts = sim.eval_prompts
     start = project.run(get_policy, None)
-    say(f"sampling {sim.eval_samples} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    baseline, _ = sample_answers(project, start, prompts, sim.eval_samples, sim.seed)
+    per_prompt = sim.answers_per_prompt
+    say(f"sampling {per_prompt} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
+    baseline, _ = sample_answers(project, start, prompts, per_prompt, sim.seed)
     say(f"round 0: policy v{start.version}, judge mean score "
         f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
+    sim = with_noise(sim, within_prompt_margins(sim.judge, prompts, _texts(baseline)), start.version, say)
     previous = baseline
     for number in range(1, sim.rounds + 1):
         seconds: Counter = Counter()
@@ -59,22 +79,27 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         votes = _cast(project, sim, names, rng, seconds)
         round_ = run_round(project, None, sim.optimizer, seconds)
         evaluated = time.monotonic()
-        answers, kl = sample_answers(project, project.run(get_policy, round_.policy_to), prompts, sim.eval_samples, sim.seed)
+        answers, kl = sample_answers(project, project.run(get_policy, round_.policy_to), prompts, per_prompt, sim.seed)
+        follows = None if round_.reward_version is None else reward_model_follows_judge(project, round_.reward_version, sim.judge, prompts, answers)
         seconds["evaluation"] += time.monotonic() - evaluated
         summary = round_summary(project.run, round_.id)
         over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
         over_parent = judge_against(sim.judge, prompts, _texts(answers), _texts(previous))
         say(
-            f"round {number}: {votes.cast} votes, {_share(votes.ceiling)} of them expected to side with the noiseless judge; "
+            f"round {number}: {votes.cast} votes, {_share(votes.agreement)} of them sided with the noiseless judge "
+            f"({_share(votes.ceiling)} expected); "
             f"{training_summary(project, summary)}; policy v{round_.policy_to}: judge win rate over v{start.version} "
             f"{over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] on {over_start.pairs} answers, "
             f"over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
             f"judge mean score {over_start.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
+            + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
         took = time.monotonic() - began
         say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
         if sim.report is not None:
-            figures = {"round": number, "optimizer": summary.optimizer, "policy": round_.policy_to, "votes": votes.cast,
+            figures = {"round": number, "optimizer": summary.optimizer, "strategy": project.config.queue.strategy,
+                       "policy": round_.policy_to, "votes": votes.cast, "reward_model_follows_judge": follows,
+                       "noise": sim.noise, "agreement": votes.agreement, "expected_agreement": votes.ceiling,
                        "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
                        "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
                        "seconds": took, "stages": dict(seconds)}
@@ -86,6 +111,19 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     say("the rounds as people (the simulated annotators) saw them:")
     for line in round_report(project.run):
         say(line)
+
+
+def with_noise(sim: Simulation, margins: list[float], version: int, say: Callable[[str], None]) -> Simulation:
+    """The simulation with its noise T: as given, or the T at which votes on these pairs (the starting policy's) side
+    with the judge sim.agreement of the time; saying which, and the agreement expected of it."""
+    pairs = f"v{version}'s {len(margins)} pairs of answers to the same evaluation prompt"
+    if sim.noise is not None:
+        expected = f": votes on {pairs} would side with the judge {expected_agreement(margins, sim.noise):.1%} of the time" if margins else ""
+        say(f"noise T = {sim.noise:g}, as given{expected}")
+        return sim
+    noise = noise_for_agreement(margins, sim.agreement)
+    say(f"noise T = {noise:.3g}: votes on {pairs} side with the judge {sim.agreement:.1%} of the time at it")
+    return dataclasses.replace(sim, noise=noise)
 
 
 def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Random, seconds: Counter,
@@ -123,8 +161,12 @@ def training_summary(project: Project, summary: RoundSummary) -> str:
     round_ = summary.round
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
-        return (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
-                f"accuracy {_share(summary.pair_accuracy)}")
+        trained = (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
+                   f"accuracy {_share(summary.pair_accuracy)}")
+        if round_.reward_version is None:  # on the votes alone
+            return trained
+        return (f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
+                f"{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model")
     ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
     reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
     if summary.optimizer == "grpo":
@@ -158,6 +200,33 @@ def sample_answers(project: Project, policy: Policy, prompts: list[Messages], pe
     if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
         return answers, 0.0 if adapter is None else float("nan")
     return answers, kl_to_base(model, tokenizer, prompts, answers, config.temperature, config.batch_size)
+
+
+def reward_model_follows_judge(project: Project, version: int, judge: Judge, prompts: list[Messages], answers: list) -> float | None:
+    """How closely a reward model's scores of a policy's answers follow the noiseless judge's: their Pearson
+    correlation within each prompt (both less the prompt's mean: a Bradley-Terry reward is blind to a prompt's
+    offset). None where either does not vary."""
+    from train.models import resolve_model_path  # torch and transformers take seconds to import
+    from train.reward_model import load_reward_model
+
+    base = project.config.model
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / project.run(get_reward_model, version).adapter_path, base)
+    per_prompt = len(answers) // len(prompts)
+    asked = [prompts[i // per_prompt] for i in range(len(answers))]
+    rewards = reward_model.score(asked, _texts(answers), project.config.reward_model.batch_size * 2)
+    judged = [judge(last_user_message(prompt), a.text) for prompt, a in zip(asked, answers)]
+    xs, ys = _within_prompt(rewards, per_prompt), _within_prompt(judged, per_prompt)
+    spread = math.sqrt(sum(x * x for x in xs) * sum(y * y for y in ys))
+    return None if spread == 0 else sum(x * y for x, y in zip(xs, ys)) / spread
+
+
+def _within_prompt(values: list[float], per_prompt: int) -> list[float]:
+    """Each value less the mean of its prompt's (values come grouped by prompt, per_prompt each)."""
+    centred = []
+    for start in range(0, len(values), per_prompt):
+        group = values[start : start + per_prompt]
+        centred += [v - sum(group) / len(group) for v in group]
+    return centred
 
 
 def _texts(answers: list) -> list[str]:

@@ -41,6 +41,7 @@ CSS = """
 .tether-text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: inherit; margin: .2em 0 0 0; }
 .tether-side { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: .8em; min-height: 8em; }
 .tether-side h3 { margin: 0 0 .4em 0; }
+.tether-cut { margin: .4em 0 0 0; font-size: .85em; font-style: italic; opacity: .7; }
 """
 
 # Unqueued: a vote is one POST answered at once. Through Gradio's queue it would be a second
@@ -61,8 +62,11 @@ def render_prompt(messages_json: str) -> str:
     return "".join(turns)
 
 
-def render_side(label: str, text: str) -> str:
-    return f'<div class="tether-side"><h3>{label}</h3><div class="tether-text">{html.escape(text)}</div></div>'
+def render_side(label: str, text: str, finished: bool = True) -> str:
+    """One response; one cut at the length limit says so, so the annotator knows its end is missing, not wrong.
+    A response whose end is unknown (an imported one) is shown as it is."""
+    cut = "" if finished else '<div class="tether-cut">cut off at the length limit</div>'
+    return f'<div class="tether-side"><h3>{label}</h3><div class="tether-text">{html.escape(text)}</div>{cut}</div>'
 
 
 @dataclass
@@ -106,8 +110,8 @@ def _view(user: User, assignment: Assignment | None, votes: int, left: int, mess
     return AnnotateView(
         assignment.token,
         render_prompt(assignment.prompt_messages),
-        render_side("A", assignment.left_text),
-        render_side("B", assignment.right_text),
+        render_side("A", assignment.left_text, assignment.left_finished),
+        render_side("B", assignment.right_text, assignment.right_finished),
         progress,
         message,
     ).outputs()

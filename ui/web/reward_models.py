@@ -9,7 +9,8 @@ from ui.owner.jobs import submit_reward_training, submit_scoring
 from ui.owner.server import Server
 from ui.web.common import QUIET, figure, rounded, user_errors, with_error_ids
 
-VERSION_COLUMNS = ["version", "held-out accuracy", "train pairs", "held-out pairs", "truncated", "reward mean", "reward std", "pairs/s", "snapshot"]
+VERSION_COLUMNS = ["version", "held-out accuracy", "calibration error", "heads", "train pairs", "held-out pairs", "truncated", "pairs/s",
+                   "snapshot"]
 
 
 def build_reward_models(server: Server) -> None:
@@ -33,8 +34,8 @@ def build_reward_models(server: Server) -> None:
         server.operator(request.username)
         versions = server.db(list_reward_models)
         table = [
-            [rm.version, figure(rm.metrics.get("eval_accuracy"), percent=True), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"),
-             rm.metrics.get("truncated"), rounded(rm.metrics.get("reward_mean"), 3), rounded(rm.metrics.get("reward_std"), 3),
+            [rm.version, figure(rm.metrics.get("eval_accuracy"), percent=True), rounded(rm.metrics.get("eval_calibration_error"), 3),
+             rm.metrics.get("heads", 1), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"), rm.metrics.get("truncated"),
              rounded(rm.metrics.get("pairs_per_second"), 2), rm.snapshot[:12]]
             for rm in versions
         ]
