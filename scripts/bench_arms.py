@@ -1,9 +1,13 @@
-"""What the benchmarks share: running one arm in a child process and taking its own peak memory."""
+"""What the benchmarks share: running one arm in a child process and taking its own peak memory, and the
+work directory and evaluation prompts of the loop benchmarks."""
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def run_arm(name: str, command: list[str]) -> dict:
@@ -15,3 +19,17 @@ def run_arm(name: str, command: list[str]) -> dict:
     if status != 0:
         raise SystemExit(f"the {name} arm failed (wait status {status})")
     return {**json.loads(stdout.strip().splitlines()[-1]), "peak_gb": usage.ru_maxrss / 2**20}
+
+
+def loop_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, prefix: str) -> tuple[Path, Path, int]:
+    """The work directory (args.workdir or a new temporary one), and in it eval.jsonl, the first args.eval_count
+    prompts of args.eval_prompts; and that count."""
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix=prefix))
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [line for line in args.eval_prompts.read_text(encoding="utf-8").splitlines() if line.strip()][: args.eval_count]
+    if len(lines) < args.eval_count:
+        parser.error(f"{args.eval_prompts} has {len(lines)} prompts, fewer than --eval-count {args.eval_count}")
+    eval_file = workdir / "eval.jsonl"
+    eval_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"work directory {workdir}; {len(lines)} evaluation prompts from {args.eval_prompts}", flush=True)
+    return workdir, eval_file, len(lines)

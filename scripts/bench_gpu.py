@@ -102,7 +102,8 @@ def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
     from train.config import ModelConfig, RewardModelConfig
     from train.reward import train_reward_model
 
-    config = RewardModelConfig(batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
+    # One head: the TRL arm merges this reward model into a scalar classifier.
+    config = RewardModelConfig(heads=1, batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
                                gradient_checkpointing=options.gradient_checkpointing)
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
     metrics = train_reward_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))

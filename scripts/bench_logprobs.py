@@ -48,11 +48,11 @@ def arm(name: str, batch: int, tokens: int) -> dict:
     if name == "full":
         ppo.selective_log_softmax = full_log_softmax
     reward_dir = Path(tempfile.mkdtemp()) / "rm"  # an untrained head: the update's memory does not depend on its values
-    reward, tokenizer = build_model(resolve_model_path(ModelConfig().name_or_path), RewardModelConfig())
+    reward, tokenizer = build_model(resolve_model_path(ModelConfig().name_or_path), RewardModelConfig(heads=1))
     reward.save_pretrained(reward_dir)
     tokenizer.save_pretrained(reward_dir)
-    (reward_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": 0.0, "std": 1.0}))
-    (reward_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512}}))
+    (reward_dir / NORMALIZATION_FILE).write_text(json.dumps({"mean": [0.0], "std": [1.0]}))
+    (reward_dir / METRICS_FILE).write_text(json.dumps({"config": {"max_length": 512, "heads": 1}}))
     prompts = [json.loads(line) for line in (ROOT / "scripts" / "demo_prompts.jsonl").read_text().splitlines()][:batch]
     prompts = [p.get("messages") or [{"role": "user", "content": p["prompt"]}] for p in prompts]
     model, tokenizer = load_model(ModelConfig())

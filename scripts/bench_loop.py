@@ -1,7 +1,7 @@
 """Benchmark: the loop with each optimiser on the same simulated annotators, prompts and evaluation.
 
 For each optimiser, a fresh project on the same model with the demo prompts runs `tether simulate`
-for the same rounds: the same judge, noise, annotators, votes per round, seed and evaluation
+for the same rounds: the same judge, agreement (or noise), annotators, votes per round, seed and evaluation
 prompts. One table follows: each round's judge win rate over v0 with its 95% interval, the judge's
 mean score, the KL to v0 on the evaluation answers, and the round's wall time (votes, more pairs,
 training and the new-against-old completions; the evaluation is the benchmark's, not the round's).
@@ -16,9 +16,10 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench_arms import loop_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZERS = ("ppo", "dpo", "grpo")
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="Comma-separated, PPO first for the ratio (default: all).")
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Model id or directory (default: the default model).")
     parser.add_argument("--judge", default="concise", help="Built-in judge, module:FUNC or PATH.py:FUNC (default concise).")
-    parser.add_argument("--noise", type=float, default=1.0, help="T in tether simulate: sigmoid((judge(A) - judge(B)) / T) (default 1.0).")
+    parser.add_argument("--agreement", type=float, default=0.7, help="Share of votes siding with the judge on v0's pairs (default 0.7).")
+    parser.add_argument("--noise", type=float, help="T in tether simulate: sigmoid((judge(A) - judge(B)) / T); overrides --agreement.")
     parser.add_argument("--annotators", type=int, default=3, help="Simulated annotators (default 3).")
     parser.add_argument("--labels-per-round", type=int, default=96, help="Votes cast in each round (default 96).")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds per optimiser (default 3).")
@@ -42,15 +44,9 @@ def main() -> None:
     optimizers = args.optimizers.split(",")
     if unknown := set(optimizers) - set(OPTIMIZERS):
         parser.error(f"unknown optimizers: {', '.join(sorted(unknown))}")
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tether-bench-loop-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    lines = [line for line in args.eval_prompts.read_text(encoding="utf-8").splitlines() if line.strip()][: args.eval_count]
-    if len(lines) < args.eval_count:
-        parser.error(f"{args.eval_prompts} has {len(lines)} prompts, fewer than --eval-count {args.eval_count}")
-    eval_file = workdir / "eval.jsonl"
-    eval_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"work directory {workdir}; {len(lines)} evaluation prompts from {args.eval_prompts}", flush=True)
+    workdir, eval_file, eval_count = loop_setup(parser, args, "tether-bench-loop-")
 
+    noise = ["--noise", str(args.noise)] if args.noise is not None else ["--agreement", str(args.agreement)]
     rounds = {}
     for optimizer in optimizers:
         project, report, log = workdir / optimizer, workdir / f"{optimizer}.jsonl", workdir / f"{optimizer}.log"
@@ -60,7 +56,7 @@ def main() -> None:
             for command in (
                 [*tether, "init", str(project), "--model", args.model],
                 [*tether, "prompts", "import", str(ROOT / "scripts" / "demo_prompts.jsonl"), "--project", str(project)],
-                [*tether, "simulate", "--judge", args.judge, "--noise", str(args.noise), "--annotators", str(args.annotators),
+                [*tether, "simulate", "--judge", args.judge, *noise, "--annotators", str(args.annotators),
                  "--labels-per-round", str(args.labels_per_round), "--rounds", str(args.rounds), "--seed", str(args.seed),
                  "--optimizer", optimizer, "--eval-prompts", str(eval_file), "--report", str(report), "--project", str(project)],
             ):
@@ -70,8 +66,8 @@ def main() -> None:
         print(f"{optimizer}: {args.rounds} rounds in {time.monotonic() - began:.0f} s (log {log})", flush=True)
 
     print()
-    print(f"judge {args.judge}, noise {args.noise}, {args.annotators} annotators, {args.labels_per_round} votes a round, "
-          f"{len(lines)} evaluation prompts, model {args.model}")
+    print(f"judge {args.judge}, {' '.join(noise).lstrip('-')}, {args.annotators} annotators, {args.labels_per_round} votes a round, "
+          f"{eval_count} evaluation prompts, model {args.model}")
     print("optimizer  round  judge win rate over v0 [95% CI]   mean score  KL to v0  answers ended  wall s")
     totals = {}
     for optimizer, figures in rounds.items():

@@ -108,12 +108,13 @@ def prepare(workdir: Path, config: PPOConfig) -> None:
     prompts = [p.messages for p in read_prompt_file(PROMPTS_FILE)]
     (workdir / "setup.json").write_text(json.dumps({"model_path": model_path, "prompts": prompts}))
     # The value adapter copies the reward model's, so its rank follows --lora-r as the policy's does.
-    rm_config = RewardModelConfig(lora_r=config.lora_r, lora_alpha=config.lora_alpha, seed=config.seed)
+    # One head: TRL's PPO reads a scalar reward model.
+    rm_config = RewardModelConfig(heads=1, lora_r=config.lora_r, lora_alpha=config.lora_alpha, seed=config.seed)
     model, tokenizer = build_model(model_path, rm_config)
     reward_dir = workdir / "reward"
     model.save_pretrained(reward_dir)
     tokenizer.save_pretrained(reward_dir)
-    (reward_dir / NORMALIZATION_FILE).write_text(json.dumps(asdict(Normalization(mean=0.0, std=1.0))))
+    (reward_dir / NORMALIZATION_FILE).write_text(json.dumps(asdict(Normalization(mean=[0.0], std=[1.0]))))
     (reward_dir / METRICS_FILE).write_text(json.dumps({"config": asdict(rm_config)}))
     model.merge_and_unload().save_pretrained(workdir / "reward-merged")
     tokenizer.save_pretrained(workdir / "reward-merged")
