@@ -58,16 +58,17 @@ ANSWERED = "you have answered this pair already"
 class QueueConfig:
     strategy: str = field(
         default="active",
-        metadata={"help": "Which pairs annotators see, and in what order: 'active' (once a reward model exists, each pair "
-                          "is chosen from `candidates` answers per pair wanted, as the two on which the reward model's heads "
-                          "disagree most, and the pairs they disagree on most are served first: a vote there teaches the "
-                          "most; random before the first reward model), 'random', 'newest_policy_first' (pairs with the "
-                          "newest policy's completions first) or 'uncertain' (closest reward-model scores first)."},
+        metadata={"help": "Which pairs annotators see, and in what order: 'active' (once a reward model steers, as "
+                          "[reward_model] trust says, each pair is chosen from `candidates` answers per pair wanted, as the "
+                          "two on which the reward model's heads disagree most, and the pairs they disagree on most are "
+                          "served first: a vote there teaches the most; random pairs until then), 'random', "
+                          "'newest_policy_first' (pairs with the newest policy's completions first) or 'uncertain' "
+                          "(closest reward-model scores first)."},
     )
     candidates: int = field(
         default=4,
-        metadata={"help": "With 'active' and a reward model: answers sampled for each pair to annotate, of which the reward "
-                          "model picks the two its heads disagree on most. More finds more informative pairs for more "
+        metadata={"help": "With 'active' and a reward model that steers: answers sampled for each pair to annotate, of "
+                          "which the reward model picks the two its heads disagree on most. More finds more informative pairs for more "
                           "generation time; 2 leaves the choice to chance."},
     )
     lease_seconds: int = field(default=600, metadata={"help": "A served pair left unanswered this long goes back to the queue."})

@@ -11,6 +11,7 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
 DPO_PAIRS = ("human", "reward_model", "both")
+REWARD_MODEL_TRUST = ("once_proven", "always")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,16 @@ class RewardModelConfig:
                           "price is that the heads disagree less than fully separate models would (Dwaracherla et al. "
                           "2024 found heads on a shared network enough for active exploration). 1 is a plain reward model."},
     )
+    trust: str = field(
+        default="once_proven",
+        metadata={"help": "When the reward model's judgement steers the loop (the 'active' queue's choice of pairs, and "
+                          "the pairs it ranks for DPO with [dpo] pairs = 'both'): 'once_proven', when it has predicted votes "
+                          "it never saw better than chance (the version it continued agreed with the votes cast after it, "
+                          "the 95% Wilson lower bound above 0.5; measured when a version warm-starts), or 'always', from the first version. A reward model no "
+                          "better than chance teaches the policy its own biases: on a length-neutral judge at 70% agreement "
+                          "its ranked pairs took DPO from 60.7% to 51.8% over v0 while it agreed with 56% of 78 new votes "
+                          "(scripts/BENCHMARKS.md). Votes alone still train the policy until then."},
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of the reward model's adapter."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator: the update is scaled by lora_alpha / lora_r."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path during training."})
@@ -180,6 +191,8 @@ class RewardModelConfig:
             raise ValueError(f"eval_share must be in [0, 1), got {self.eval_share}")
         if self.replay < 0:
             raise ValueError(f"replay must be 0 or more, got {self.replay}")
+        if self.trust not in REWARD_MODEL_TRUST:
+            raise ValueError(f"trust must be one of {', '.join(REWARD_MODEL_TRUST)}, got {self.trust!r}")
 
     def lora_target_modules(self) -> str | list[str]:
         """target_modules as peft's LoraConfig takes it: the 'all-linear' shorthand, or a list of names."""
@@ -382,7 +395,7 @@ class DPOConfig:
                           "a reward model trained on the votes first: online iterative DPO, Dong et al. 2024) or 'both'. A "
                           "vote is costly and a CPU's time is cheap: the reward model turns a round's votes into many more "
                           "on-policy pairs, and the human pairs stay in the mix so that its errors are not all the policy "
-                          "learns."},
+                          "learns. With 'both' the ranked pairs join once the reward model steers ([reward_model] trust)."},
     )
     prompts: int = field(
         default=64,

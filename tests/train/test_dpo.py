@@ -139,9 +139,13 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
 
     from store import open_database
     from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair
+    from train.jobdir import read_job
+    from ui.owner.jobs import submit_dpo
+    from ui.owner.project import load_project
 
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="both", prompts=6, candidates=3, confidence=0.5)
+    set_settings(tiny_project, "reward_model", trust="always")
     set_settings(tiny_project, "generation", max_new_tokens=8)
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     run_tether("generate", "--project", str(tiny_project), check=True)
@@ -166,3 +170,10 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
     assert f"trained on {human} human pairs and {metrics['pairs_reward_model']:.0f} ranked by the reward model" in history
+
+    # By default v1 has not yet shown that it predicts votes it never saw: DPO from v0 gets the votes alone.
+    set_settings(tiny_project, "reward_model", trust="once_proven")
+    project = load_project(tiny_project)
+    job = submit_dpo(project, project.run, 1, 0)
+    written = read_job(tiny_project / "jobs" / str(job.id))
+    assert "reward_adapter_path" not in written["config"] and set(written["inputs"]) == {"preferences"}

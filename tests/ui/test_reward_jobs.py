@@ -15,8 +15,11 @@ from gradio_client import Client
 
 from annotate.queue import preference_spread
 from store import open_database
+from store.reward_models import RewardModel
+from train.config import RewardModelConfig
 from train.jobdir import read_job
 from train.snapshot import PreferenceRow, read_preferences
+from ui.owner.jobs import steers
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
@@ -63,12 +66,19 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
     assert "reward model v1 on" in evaluated.stdout and "over 40 pairs" in evaluated.stdout
 
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    # With a reward model, the 'active' queue (the default) has generation sample 4 answers for each pair
-    # wanted, score them, and pair the two its heads disagree on most.
+    # v1 has not yet predicted votes it never saw, so by default ([reward_model] trust = "once_proven") the
+    # 'active' queue still pairs at random: two answers a pair, none scored.
     run_tether("generate", "--limit", "3", "--project", str(tiny_project), check=True)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        sampled = con.execute("SELECT id, prompt_id, reward, reward_heads FROM completions WHERE policy_version = 0 ORDER BY id").fetchall()
-        pairs = con.execute("SELECT prompt_id, completion_a, completion_b FROM pairs WHERE strategy = 'same_policy'").fetchall()
+        assert con.execute("SELECT count(*), count(reward) FROM completions WHERE policy_version = 0").fetchone() == (6, 0)
+        before = con.execute("SELECT max(id) FROM completions").fetchone()[0]
+    # Trusted from the first version, the 'active' queue has generation sample 4 answers for each pair
+    # wanted, score them, and pair the two its heads disagree on most.
+    set_settings(tiny_project, "reward_model", trust="always")
+    run_tether("generate", "--limit", "3", "--project", str(tiny_project), check=True)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        sampled = con.execute("SELECT id, prompt_id, reward, reward_heads FROM completions WHERE policy_version = 0 AND id > ? ORDER BY id", [before]).fetchall()
+        pairs = con.execute("SELECT prompt_id, completion_a, completion_b FROM pairs WHERE strategy = 'same_policy' AND completion_a > ?", [before]).fetchall()
     assert len(sampled) == 12 and all(reward is not None and len(heads) == 4 for _, _, reward, heads in sampled)
     heads = {cid: h for cid, _, _, h in sampled}
     assert len(pairs) == 3
@@ -97,6 +107,21 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
 def reward_versions(project: Path) -> dict[int, dict]:
     with closing(open_database(project / "tether.duckdb")) as con:
         return {version: json.loads(metrics) for version, metrics in con.execute("SELECT version, metrics FROM reward_models").fetchall()}
+
+
+def test_a_reward_model_steers_once_the_version_it_continued_predicted_new_votes_better_than_chance():
+    def measured(accuracy: float | None, pairs: int | None) -> RewardModel:
+        return RewardModel(2, "hash", "reward_models/v2", {"new_votes_accuracy": accuracy, "new_votes_pairs": pairs})
+
+    once_proven = RewardModelConfig()
+    assert once_proven.trust == "once_proven"
+    assert not steers(measured(None, None), once_proven)  # a first version: nothing measured yet
+    assert not steers(measured(0.564, 78), once_proven)  # 44 of 78: the 95% Wilson lower bound is 0.454
+    assert steers(measured(0.68, 78), once_proven)  # 53 of 78: 0.570
+    assert not steers(measured(0.7, 10), once_proven)  # 7 of 10: 0.397, too few votes to tell
+    assert steers(measured(None, None), RewardModelConfig(trust="always"))
+    with pytest.raises(ValueError, match="trust must be one of"):
+        RewardModelConfig(trust="sometimes")
 
 
 def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_version_on_them(tiny_project, tiny_model_dir, tmp_path):

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from annotate.export import preference_rows
 from annotate.pairs import add_completions_with_pairs
+from annotate.ratings import wilson_interval
 from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
@@ -71,9 +72,9 @@ def submit_generation(
     """Queue sampling from the policy (the newest by default): for the given prompts, or those it has sampled least.
 
     The completions are paired within each prompt or, given `against`, each with one of that
-    policy version's completions of its prompt. With the 'active' queue and a reward model, the
-    job also scores them, and a prompt's per_prompt / 2 pairs are chosen from `candidates` times
-    as many answers (annotate.pairs.most_disputed).
+    policy version's completions of its prompt. With the 'active' queue and a reward model that
+    `steers`, the job also scores them, and a prompt's per_prompt / 2 pairs are chosen from
+    `candidates` times as many answers (annotate.pairs.most_disputed).
     """
     generation = project.config.generation
     if per_prompt is not None:
@@ -82,7 +83,8 @@ def submit_generation(
     if prompts is None:
         prompts = run(prompts_to_generate, policy.version, limit)
     queue = project.config.queue
-    reward_model = run(_newest_reward_model) if queue.strategy == "active" else None
+    newest = run(_newest_reward_model) if queue.strategy == "active" else None
+    reward_model = newest if newest and steers(newest, project.config.reward_model) else None
     pairs_per_prompt = None
     if reward_model is not None and against is None:
         pairs_per_prompt = max(1, generation.per_prompt // 2)
@@ -103,6 +105,13 @@ def submit_generation(
 
 def _newest_reward_model(con: Connection) -> RewardModel | None:
     return get_reward_model(con) if list_reward_models(con) else None
+
+
+def steers(reward_model: RewardModel, config: RewardModelConfig) -> bool:
+    """Whether the reward model's judgement may choose pairs and rank answers ([reward_model] trust): always, or once the
+    version it continued agreed with the votes cast after that version was trained at a 95% Wilson lower bound above 0.5."""
+    accuracy, pairs = reward_model.metrics.get("new_votes_accuracy"), reward_model.metrics.get("new_votes_pairs")
+    return config.trust == "always" or (accuracy is not None and bool(pairs) and wilson_interval(accuracy, pairs)[0] > 0.5)
 
 
 def _prompt_table(prompts: list[Prompt]) -> pa.Table:
@@ -266,7 +275,8 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
 def submit_dpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
                round_id: int | None = None, read: Run | None = None) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes,
-    on pairs a reward model (the newest by default) ranks, or on both, as [dpo] pairs says.
+    on pairs a reward model (the newest by default) ranks, or on both, as [dpo] pairs says; with 'both', the ranked
+    pairs join only once the reward model `steers`.
 
     Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
     votes = "latest" it takes only votes on pairs with a completion of the policy it starts from.
@@ -282,7 +292,10 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
         if r.prompt_id not in held_back
         and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
     ]
-    if not rows and dpo.pairs == "human":
+    reward_model = None if dpo.pairs == "human" else run(get_reward_model, reward_version)
+    if dpo.pairs == "both" and not steers(reward_model, project.config.reward_model):
+        reward_model = None  # the votes alone, until the reward model has shown it predicts new ones
+    if not rows and reward_model is None:
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
     config = {
@@ -292,8 +305,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
     }
     inputs = {"preferences": preference_table(rows)}
-    if dpo.pairs != "human":
-        reward_model = run(get_reward_model, reward_version)
+    if reward_model is not None:
         training = [p for p in prompts if p.id not in held_back]
         drawn = random.Random(dpo.seed + policy.version).sample(training, min(dpo.prompts, len(training)))
         inputs["prompts"] = _prompt_table(drawn)

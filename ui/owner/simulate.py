@@ -25,7 +25,7 @@ from store.policies import Policy, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
 from store.rounds import Round
-from ui.owner.jobs import run_to_end, submit_generation
+from ui.owner.jobs import run_to_end, steers, submit_generation
 from ui.owner.project import Project
 from ui.owner.rounds import RoundSummary, round_report, round_summary, run_round
 
@@ -165,8 +165,10 @@ def training_summary(project: Project, summary: RoundSummary) -> str:
                    f"accuracy {_share(summary.pair_accuracy)}")
         if round_.reward_version is None:  # on the votes alone
             return trained
+        reward_model = project.run(get_reward_model, round_.reward_version)
+        withheld = "" if summary.pairs[1] or steers(reward_model, project.config.reward_model) else " (it does not steer yet)"
         return (f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
-                f"{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model")
+                f"{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}")
     ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
     reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
     if summary.optimizer == "grpo":
