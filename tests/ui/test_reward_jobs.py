@@ -88,14 +88,15 @@ def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project
         assert preference_spread(heads[a], heads[b]) == pytest.approx(most)
     scored = run_tether("rm", "score", "--project", str(tiny_project))
     assert scored.returncode == 0, scored.stderr
-    assert scored.stdout.strip() == "stored rewards from reward model v1 on 12 completions"
+    assert scored.stdout.strip() == "stored rewards from reward model v1 on 18 completions"  # the 6 unscored ones too
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rewards = con.execute(
             "SELECT p.messages, c.text, c.reward FROM completions c JOIN prompts p ON p.id = c.prompt_id "
-            "WHERE c.policy_version IS NOT NULL ORDER BY c.id"
+            "WHERE c.policy_version IS NOT NULL AND c.id > ? ORDER BY c.id", [before]
         ).fetchall()
         imported = con.execute("SELECT count(reward) FROM completions WHERE policy_version IS NULL").fetchone()[0]
-    assert len(rewards) == 12 and imported == 0
+        unscored = con.execute("SELECT count(*) FROM completions WHERE policy_version = 0 AND reward IS NULL").fetchone()[0]
+    assert len(rewards) == 12 and imported == 0 and unscored == 0
     assert [r for *_, r in rewards] == pytest.approx([r for _, _, r, _ in sampled], abs=1e-5)  # as generation scored them
 
     # The stored rewards are what plain transformers + peft give from the saved version, in a fresh process.
