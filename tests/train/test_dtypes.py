@@ -77,9 +77,9 @@ def test_a_model_without_a_pad_token_trains_a_reward_model_runs_ppo_and_generate
     assert "from policy v1" in done.stdout
     with closing(open_database(root / "tether.duckdb")) as con:
         texts = [t for (t,) in con.execute("SELECT text FROM completions WHERE policy_version = 1").fetchall()]
-    # 2 prompts, a pair each, chosen by the reward model from 4 answers (the 'active' queue); special tokens,
-    # the added pad too, are not text.
-    assert len(texts) == 8 and not any("<|" in t for t in texts)
+    # 2 prompts, a pair each (v1 has not yet shown it predicts new votes, so the 'active' queue pairs at random);
+    # special tokens, the added pad too, are not text.
+    assert len(texts) == 4 and not any("<|" in t for t in texts)
 
 
 def test_4bit_or_a_cuda_device_on_a_machine_without_cuda_is_one_message_and_nothing_is_registered(tiny_project, tmp_path):

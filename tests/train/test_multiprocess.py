@@ -54,7 +54,7 @@ def test_worker_command_launches_one_process_per_gpu():
 
 
 def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(tiny_project, tiny_model_dir, tmp_path):
-    set_settings(tiny_project, "reward_model", warm_start=False, batch_size=4, epochs=3)
+    set_settings(tiny_project, "reward_model", warm_start=False, batch_size=4, epochs=3, trust="always")
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, minibatch_size=2, max_new_tokens=6)
     project = ("--project", str(tiny_project))
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl", n=60)), *project, check=True)
@@ -98,8 +98,8 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     # Generation splits the prompts: every completion once, in prompt order, from both processes.
     status, log = run_two_processes(tiny_project, lambda p, run: submit_generation(p, run, limit=3, per_prompt=2))
     assert status == "done", log
-    # A reward model exists, so each prompt's one pair is chosen from 4 answers (the 'active' queue), each
-    # process scoring its own.
+    # A reward model trusted from its first version exists, so each prompt's one pair is chosen from 4 answers
+    # (the 'active' queue), each process scoring its own.
     assert shares(log, "completions") in ({0: 8, 1: 4}, {0: 4, 1: 8}), log
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         made = con.execute("SELECT prompt_id, count(*), count(reward_heads) FROM completions WHERE policy_version = 1 GROUP BY prompt_id").fetchall()
