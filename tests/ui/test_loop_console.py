@@ -53,14 +53,18 @@ def wait_for_no_round(operator: Client, seen: set[str], timeout: float = 300) ->
     raise AssertionError(f"the round did not finish: {status}")
 
 
+def round_jobs(seen: set[str], round_id: int) -> set[str]:
+    """The job kinds the status line named for a round; between two jobs it says "queuing its next step"."""
+    return {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith(f"Round {round_id} ") and " (job " in s}
+
+
 def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_ratings(tiny_project):
     with loop_app(tiny_project, ppo_steps=3) as (operator, annotator):
         started = operator.predict(None, "ppo", api_name="/start_round")
         assert started == "Started round 1: its first job is 2 (reward model)."  # job 1 generated the v0 pairs
         seen: set[str] = set()
         wait_for_no_round(operator, seen)
-        stages = {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")}
-        assert {"reward model", "PPO"} <= stages, seen
+        assert {"reward model", "PPO"} <= round_jobs(seen, 1), seen
 
         history, settings, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
@@ -100,7 +104,7 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
         assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (DPO)."
         seen: set[str] = set()
         wait_for_no_round(operator, seen)
-        assert {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith("Round 1")} == {"DPO", "completions"}, seen
+        assert round_jobs(seen, 1) == {"DPO", "completions"}, seen
 
         history, settings, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
