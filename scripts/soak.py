@@ -9,10 +9,13 @@ seconds, votes on the pair on its screen, and gets the next pair in the vote's r
 acknowledged when that reply comes back without a refusal; a vote whose reply was lost to a kill
 is sent again, with the same token, once the server answers and the annotator has signed in
 again, as a browser would. The operator keeps one reward-model job queued or running at all
-times. At the end the server is stopped cleanly and the database is checked against what was
-acknowledged; the exit status is 1 if an acknowledged vote is missing or any vote is doubled.
+times. With --hostile, that many more annotators sign in and, throughout, send votes that are
+malformed (numbers and lists where text belongs, an oversized comment) or cross-site (a real pair's
+token, with another site's Origin, as a forged form would). At the end the server is stopped cleanly
+and the database is checked against what was acknowledged; the exit status is 1 if an acknowledged
+vote is missing, any vote is doubled, an honest vote was refused, or a hostile request was accepted.
 
-    .venv/bin/python scripts/soak.py --annotators 32 --minutes 20 --restart-every 240
+    .venv/bin/python scripts/soak.py --annotators 32 --minutes 20 --restart-every 240 --hostile 1
     .venv/bin/python scripts/soak.py --annotators 8 --minutes 3 --restart-every 60    # a quick check
 """
 
@@ -55,6 +58,8 @@ JOB_RETRY_SECONDS = 30  # after the app refuses to queue a reward-model job (too
 JOB_POLL_SECONDS = 5
 # The error the app records for a job whose worker died with the server (store.jobs.fail_interrupted).
 INTERRUPTED = "the process running it stopped"
+HOSTILE_SECONDS = 0.5  # between a hostile annotator's requests
+FORGED_ORIGIN = "https://evil.example"
 
 
 # ---- the project ----
@@ -74,9 +79,13 @@ def annotator_name(i: int) -> str:
     return f"annotator{i:02d}"
 
 
-def make_project(root: Path, model: str, pairs: int, annotators: int) -> Project:
+def hostile_name(i: int) -> str:
+    return f"hostile{i:02d}"
+
+
+def make_project(root: Path, model: str, pairs: int, annotators: int, hostile: int) -> Project:
     """A project on `model` with one pair of synthetic completions per prompt (the project's own
-    overlap share wants two votes on some), annotator00.. and one operator."""
+    overlap share wants two votes on some), annotator00.., hostile00.. and one operator."""
     project = init_project(root, model)
     password_hash = hash_password(PASSWORD)  # one hash for all: sign-in still verifies it per client
     with closing(project.connect()) as con:
@@ -84,7 +93,7 @@ def make_project(root: Path, model: str, pairs: int, annotators: int) -> Project
         ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
         completions = [NewCompletion(pid, 0, f"answer {k} to question {pid}", 5, True, {}) for pid in ids for k in range(2)]
         add_completions_with_pairs(con, completions, project.config.queue)
-        for name in [annotator_name(i) for i in range(annotators)] + [OPERATOR]:
+        for name in [annotator_name(i) for i in range(annotators)] + [hostile_name(i) for i in range(hostile)] + [OPERATOR]:
             add_user(con, name, OPERATOR if name == OPERATOR else "annotator", password_hash, "soak", utcnow())
     return project
 
@@ -255,7 +264,7 @@ class Tally:
     acknowledged: list[tuple[str, str]] = field(default_factory=list)  # (token, annotator) of each acknowledged vote
     vote_ms: list[float] = field(default_factory=list)  # votes answered at the first try, until the next pair was in hand
     next_ms: list[float] = field(default_factory=list)
-    refused: Counter = field(default_factory=Counter)  # votes answered with a message instead of stored, by message
+    refused: Counter = field(default_factory=Counter)  # votes answered with a message or an error instead of stored, by message
     errors: Counter = field(default_factory=Counter)  # calls answered with an error, by message
     cut_off: int = 0  # votes whose answer was lost to a kill after they got through, sent again
     cut_off_acknowledged: int = 0
@@ -265,6 +274,8 @@ class Tally:
     surviving_workers: int = 0  # job workers still alive 5 s after their server was killed
     job_refusals: Counter = field(default_factory=Counter)
     job_status: dict[int, str] = field(default_factory=dict)  # reward-model job id -> status, as last seen
+    hostile_refused: Counter = field(default_factory=Counter)  # hostile requests refused, by kind
+    hostile_accepted: Counter = field(default_factory=Counter)  # hostile requests the app acted on, by kind
     seconds: float = 0.0  # wall time of the voting
     client_cpu_seconds: float = 0.0  # CPU time of this process meanwhile: all the clients together
 
@@ -326,10 +337,10 @@ async def vote(session: GradioSession, token: str, tally: Tally) -> list:
         try:
             view = await session.call_until_answered(api_name, data)
         except Refused as refusal:
-            tally.errors[f"vote (sent again): {refusal}"] += 1
+            tally.errors[f"vote (sent again): {refusal}"] += 1  # its lease may have ended with the server: not an honest refusal
             return await next_pair(session, tally)
     except Refused as e:
-        tally.errors[f"vote: {e}"] += 1
+        tally.refused[f"vote: {e}"] += 1
         return await next_pair(session, tally)
     message = view[5]
     if message:  # the app's refusals (not yours, expired, retired) come back as the view's message line
@@ -338,6 +349,55 @@ async def vote(session: GradioSession, token: str, tally: Tally) -> list:
         tally.acknowledged.append((token, session.name))
         tally.cut_off_acknowledged += cut_off
     return view
+
+
+def hostile_requests(token: str) -> list[tuple[str, dict, list]]:
+    """(kind, extra headers, data) of each request a hostile annotator sends for the pair `token`."""
+    return [
+        ("token as a number", {}, [12345, None, ""]),
+        ("token as a list", {}, [[token], None, ""]),
+        ("strength as a dict", {}, [token, {"much": True}, ""]),
+        ("comment as a list", {}, [token, None, ["a", 1]]),
+        ("comment of 1 MB", {}, [token, None, "x" * 2**20]),
+        ("cross-site vote", {"Origin": FORGED_ORIGIN, "Sec-Fetch-Site": "cross-site"}, [token, None, ""]),
+    ]
+
+
+async def attack(session: GradioSession, tally: Tally, deadline: float) -> None:
+    """As a hostile annotator: hold a real pair and send malformed or cross-site votes on it, until the deadline.
+
+    A request counts as refused when the app answers with an HTTP error, an error event or a message
+    in the view's refusal line; as accepted when it answers with a new pair and no message.
+    """
+    await session.sign_in()
+    while time.monotonic() < deadline:
+        try:
+            token = (await session.call_until_answered("next_pair", []))[0]
+        except Refused:
+            token = ""
+        for kind, headers, data in hostile_requests(token or "no-pair"):
+            await pause(HOSTILE_SECONDS, deadline)
+            if time.monotonic() >= deadline:
+                return
+            try:
+                response = await session.http.post("/gradio_api/call/vote_left", json={"data": data}, headers=headers)
+                if response.status_code == 401:
+                    await session.sign_in()  # the server restarted: this request reached nobody
+                    continue
+                if response.status_code != 200:
+                    tally.hostile_refused[kind] += 1
+                    continue
+                event_id = response.json()["event_id"]
+                answer = await session.http.get(f"/gradio_api/call/vote_left/{event_id}", headers=headers)
+            except httpx.TransportError:
+                await asyncio.sleep(RETRY_SECONDS)  # the server is down
+                continue
+            complete = re.search(r"^event: complete\ndata: (.*)$", answer.text, re.M)
+            view = json.loads(complete.group(1)) if complete else None
+            if view is None or view[5]:
+                tally.hostile_refused[kind] += 1
+            else:
+                tally.hostile_accepted[kind] += 1
 
 
 async def keep_training(session: GradioSession, tally: Tally, deadline: float) -> None:
@@ -386,17 +446,20 @@ async def soak(server: ServeProcess, tally: Tally, args: argparse.Namespace) -> 
     deadline = started + args.minutes * 60
     sessions = [GradioSession(server.url, annotator_name(i)) for i in range(args.annotators)]
     operator = GradioSession(server.url, OPERATOR)
+    hostile = [GradioSession(server.url, hostile_name(i)) for i in range(args.hostile)]
     try:
         # A TaskGroup: if one fails (the server does not come back), the others are cancelled.
         # The timeout ends a run that hangs (a server that answers nothing) instead of waiting forever.
         async with asyncio.timeout(args.minutes * 60 + 300), asyncio.TaskGroup() as group:
             for session in sessions:
                 group.create_task(annotate(session, tally, deadline, args.vote_seconds))
+            for session in hostile:
+                group.create_task(attack(session, tally, deadline))
             group.create_task(keep_training(operator, tally, deadline))
             group.create_task(restart_periodically(server, tally, args.restart_every, deadline))
             group.create_task(report_progress(tally, started, deadline))
     finally:
-        for session in [*sessions, operator]:
+        for session in [*sessions, operator, *hostile]:
             await session.close()
         tally.seconds, tally.client_cpu_seconds = time.monotonic() - started, time.process_time() - cpu
 
@@ -411,6 +474,7 @@ class Verdict:
     duplicate_votes: int  # (annotator, pair) voted more than once
     over_voted_pairs: int  # more votes than the pair wanted
     stored_unacknowledged: int
+    stored_by_hostile: int  # votes of the hostile annotators, who never send a well-formed same-site vote
     jobs: list[tuple[int, str, str | None]]  # reward-model jobs: id, status, error
 
     @property
@@ -421,6 +485,7 @@ class Verdict:
 def check_database(path: Path, acknowledged: list[tuple[str, str]]) -> Verdict:
     with closing(open_database(path)) as con:
         votes = con.execute("SELECT client_token, annotator, pair_id FROM comparisons WHERE source = 'app'").fetchall()
+        by_hostile = con.execute("SELECT count(*) FROM comparisons WHERE annotator LIKE 'hostile%'").fetchone()[0]
         over_voted = con.execute(
             """
             SELECT count(*) FROM pairs p
@@ -429,15 +494,16 @@ def check_database(path: Path, acknowledged: list[tuple[str, str]]) -> Verdict:
             """
         ).fetchone()[0]
         jobs = con.execute("SELECT id, status, error FROM jobs WHERE kind = 'reward_model' ORDER BY id").fetchall()
-    stored = {(token, annotator) for token, annotator, _ in votes}
+    stored = {(token, annotator) for token, annotator, _ in votes if not annotator.startswith("hostile")}
     acknowledged_set = set(acknowledged)
     return Verdict(
-        stored=len(votes),
+        stored=len(votes) - by_hostile,
         missing=[vote for vote in acknowledged_set if vote not in stored],
         duplicate_tokens=sum(n - 1 for n in Counter(token for token, _, _ in votes).values()),
         duplicate_votes=sum(n - 1 for n in Counter((annotator, pair_id) for _, annotator, pair_id in votes).values()),
         over_voted_pairs=over_voted,
         stored_unacknowledged=len(stored - acknowledged_set),
+        stored_by_hostile=by_hostile,
         jobs=jobs,
     )
 
@@ -456,7 +522,10 @@ def print_report(tally: Tally, verdict: Verdict, args: argparse.Namespace) -> No
         ("  same annotator and pair twice", verdict.duplicate_votes),
         ("  pairs with more votes than wanted", verdict.over_voted_pairs),
         ("votes stored, never acknowledged", verdict.stored_unacknowledged),
-        ("votes refused by the app", sum(tally.refused.values())),
+        ("honest votes refused by the app (must be 0)", sum(tally.refused.values())),
+        ("hostile requests refused", sum(tally.hostile_refused.values())),
+        ("hostile requests accepted (must be 0)", sum(tally.hostile_accepted.values())),
+        ("votes stored from hostile annotators (must be 0)", verdict.stored_by_hostile),
         ("votes cut off by a kill, sent again", tally.cut_off),
         ("  of them acknowledged", tally.cut_off_acknowledged),
         ("votes that found the server down or new, sent again", tally.unreached),
@@ -473,7 +542,8 @@ def print_report(tally: Tally, verdict: Verdict, args: argparse.Namespace) -> No
         ("  failed otherwise", len(other_failures)),
         ("  cancelled (by the stop at the end)", statuses["cancelled"]),
     ]
-    print(f"\n{args.annotators} annotators, {args.minutes:g} min, kill -9 every {args.restart_every:g} s, {os.cpu_count()} CPUs")
+    print(f"\n{args.annotators} annotators and {args.hostile} hostile, {args.minutes:g} min, "
+          f"kill -9 every {args.restart_every:g} s, {os.cpu_count()} CPUs")
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value:>12}")
@@ -481,6 +551,8 @@ def print_report(tally: Tally, verdict: Verdict, args: argparse.Namespace) -> No
         print(f"  {n:5d} x {message[:150]}")
     for job_id, error in other_failures[:3]:
         print(f"job {job_id} failed: {(error or '').splitlines()[0][:200]}")
+    for kind, n in (tally.hostile_accepted + tally.hostile_refused).most_common():
+        print(f"  hostile {kind}: {tally.hostile_refused[kind]} refused, {tally.hostile_accepted[kind]} accepted")
     for token, annotator in verdict.missing[:5]:
         print(f"missing: {annotator}'s vote {token}")
 
@@ -494,6 +566,7 @@ def main():
     parser.add_argument("--annotators", type=int, default=32, help="annotators voting at once, each its own session")
     parser.add_argument("--minutes", type=float, default=20, help="how long the annotators vote")
     parser.add_argument("--restart-every", type=float, default=240, help="seconds between kill -9 restarts of the server")
+    parser.add_argument("--hostile", type=int, default=0, help="hostile annotators sending malformed and cross-site votes throughout")
     parser.add_argument("--pairs", type=int, help="pairs in the project (default: enough for every annotator at the fastest pace)")
     parser.add_argument("--vote-seconds", default="3,10",
                         help="LOW,HIGH: each annotator waits a uniformly drawn time in this range before each vote")
@@ -511,7 +584,7 @@ def main():
         root = args.project or Path(tmp) / "project"
         root.mkdir(parents=True, exist_ok=True)
         try:
-            project = make_project(root, args.model or tiny_model(root / "tiny-llama"), args.pairs, args.annotators)
+            project = make_project(root, args.model or tiny_model(root / "tiny-llama"), args.pairs, args.annotators, args.hostile)
         except ProjectError as e:
             sys.exit(str(e))
         print(f"project {project.root}: {args.pairs} pairs, {args.annotators} annotators; server log in serve.log", flush=True)
@@ -525,7 +598,7 @@ def main():
             server.stop()
         verdict = check_database(project.database_path, tally.acknowledged)
         print_report(tally, verdict, args)
-    if verdict.missing or verdict.duplicates:
+    if verdict.missing or verdict.duplicates or tally.refused or tally.hostile_accepted or verdict.stored_by_hostile:
         sys.exit(1)
 
 

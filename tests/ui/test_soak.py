@@ -13,10 +13,10 @@ def figure(report: str, label: str) -> str:
     return found.group(1)
 
 
-def test_soak_restarts_the_server_twice_and_finds_every_acknowledged_vote_stored_once(tmp_path):
+def test_soak_restarts_the_server_twice_and_finds_every_acknowledged_vote_stored_once_beside_a_hostile_annotator(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "soak.py"), "--annotators", "4", "--minutes", "1.2", "--restart-every", "30",
-         "--vote-seconds", "0.5,1.5", "--project", str(tmp_path / "soak")],
+         "--vote-seconds", "0.5,1.5", "--hostile", "1", "--project", str(tmp_path / "soak")],
         capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -26,6 +26,11 @@ def test_soak_restarts_the_server_twice_and_finds_every_acknowledged_vote_stored
     assert figure(report, "acknowledged votes missing (must be 0)") == "0"
     assert figure(report, "duplicates (must be 0)") == "0"
     assert figure(report, "restarts (kill -9)") == "2"
+    assert figure(report, "honest votes refused by the app (must be 0)") == "0"
+    # The hostile annotator's malformed and cross-site votes were each refused, and none was stored.
+    assert int(figure(report, "hostile requests refused")) >= 30
+    assert figure(report, "hostile requests accepted (must be 0)") == "0"
+    assert figure(report, "votes stored from hostile annotators (must be 0)") == "0"
     # The script's count agrees with the database it left behind.
     from store import open_database
 
