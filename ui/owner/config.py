@@ -53,6 +53,10 @@ class ServerConfig:
                           "attacker can keep an account locked out, its owner waiting up to this long."},
     )
     max_upload_mb: float = field(default=100.0, metadata={"help": "The largest file the app accepts (prompt uploads), in MiB."})
+    max_request_kb: int = field(
+        default=64, metadata={"help": "The largest request the app accepts other than a file upload, in KiB: a vote with the "
+                          "longest comment allowed is under 10 KiB. Larger ones are refused (413) before they are read."},
+    )
     export_seconds: int = field(
         default=600, metadata={"help": "How long an export's file is kept for download before the server removes it; all of them go "
                           "when the server stops."},
@@ -64,6 +68,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
         if self.max_upload_mb <= 0:
             raise ValueError(f"max_upload_mb must be over 0, got {self.max_upload_mb}")
+        if self.max_request_kb < 1:
+            raise ValueError(f"max_request_kb must be 1 or more, got {self.max_request_kb}")
         if self.export_seconds < 1:
             raise ValueError(f"export_seconds must be 1 or more, got {self.export_seconds}")
         if not 0 < self.lockout_seconds <= self.max_lockout_seconds:

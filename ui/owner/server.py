@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,20 +85,33 @@ class Server:
         self.arrivals.append(arrival)
         with self.lock:
             if arrival.result is None:  # no earlier holder of the lock took it in
-                batch = [self.arrivals.popleft() for _ in range(len(self.arrivals))]
-                now = utcnow()
-                try:
-                    outcomes = self.queue.act(self.con, [a.action for a in batch], now)
-                except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
-                    for other in batch:
-                        other.result = NotSaved(f"the database could not save this, with {len(batch) - 1} others: {e}")
-                    raise
-                for a, outcome in zip(batch, outcomes):
-                    name = a.action.annotator
-                    a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
+                self._act([self.arrivals.popleft() for _ in range(len(self.arrivals))], utcnow())
         if isinstance(arrival.result, BaseException):
             raise arrival.result
         return arrival.result
+
+    def _act(self, batch: list[_Arrival], now: datetime) -> None:
+        """Do a batch in one transaction, under the lock, and give each arrival its result.
+
+        A batch that fails is done again one action at a time, so that only the action at fault
+        (or each one, when the disk is full) fails, and no one else's vote is lost with it.
+        """
+        try:
+            outcomes = self.queue.act(self.con, [a.action for a in batch], now)
+        except Exception as e:
+            if len(batch) > 1:
+                for one in batch:
+                    self._act([one], now)
+            else:
+                batch[0].result = e
+            return
+        except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
+            for a in batch:
+                a.result = NotSaved(f"the database could not save this: {type(e).__name__}")
+            raise
+        for a, outcome in zip(batch, outcomes):
+            name = a.action.annotator
+            a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
 
     def snapshot(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a store function on a connection of its own, beside the writer: for long reads of one snapshot."""

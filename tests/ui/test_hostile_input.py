@@ -1,0 +1,117 @@
+"""Hostile input through a real `tether serve`: malformed votes from one annotator, and a decompression bomb."""
+
+import json
+import threading
+from contextlib import closing
+
+import httpx
+
+from annotate.queue import Action
+from store import open_database
+from tests.conftest import RunningServer, add_pairs, add_users, wait_for
+from ui.owner.project import load_project
+from ui.owner.server import Server
+
+PASSWORD = "password-123"
+MESSAGE = 5  # the annotate view's message line, in its outputs
+
+# Votes whose fields are not what the page sends: numbers, lists, objects, a token far too long.
+MALFORMED = [
+    ("token", None, 5), ("token", None, ["a comment"]), ("token", None, {"text": "a comment"}),
+    (5, None, ""), (["token"], None, ""), ({"token": 1}, None, ""), ("x" * 10_000, None, ""),
+    ("token", 5, ""), ("token", ["much better"], ""), ("token", {"much": "better"}, ""),
+]
+
+
+def signed_in(url: str, name: str) -> httpx.Client:
+    client = httpx.Client(base_url=url, timeout=60)
+    assert client.post("login", data={"username": name, "password": PASSWORD}).status_code == 200
+    return client
+
+
+def call(client: httpx.Client, api_name: str, *data) -> httpx.Response:
+    """One unqueued event, as the page's button sends it: one POST, answered with the outputs."""
+    return client.post(f"gradio_api/run/{api_name}", json={"data": list(data)})
+
+
+def test_malformed_votes_from_one_annotator_fail_none_of_anothers_and_are_refused_clearly(tiny_project):
+    add_pairs(tiny_project, prompts=40)
+    add_users(tiny_project, {"mallory": "annotator", "bob": "annotator"}, PASSWORD)
+    server = RunningServer(tiny_project)
+    stop, refusals, attackers = threading.Event(), [], []
+
+    def attack(client: httpx.Client, lease: str) -> None:
+        try:
+            while not stop.is_set():
+                for token, strength, comment in MALFORMED:
+                    reply = call(client, "vote_left", lease if token == "token" else token, strength, comment)
+                    refusals.append((token, strength, comment, reply.status_code, reply.text))
+        except httpx.HTTPError as e:  # the server failed to answer: reported below
+            refusals.append((None, None, None, None, repr(e)))
+
+    try:
+        mallory, bob = signed_in(server.url, "mallory"), signed_in(server.url, "bob")
+        lease = call(mallory, "next_pair").json()["data"][0]  # a real pair of hers, so only the malformed field is wrong
+        attackers += [threading.Thread(target=attack, args=(mallory, lease)) for _ in range(3)]
+        for thread in attackers:
+            thread.start()
+        view, answered = call(bob, "next_pair").json()["data"], []
+        for i in range(30):
+            reply = call(bob, f"vote_{'left' if i % 2 else 'right'}", view[0], "much better" if i % 3 else None, f"reason {i}")
+            assert reply.status_code == 200, reply.text
+            answered.append(view[0])
+            view = reply.json()["data"]
+            assert view[MESSAGE] == "", f"bob's vote {i} was refused: {view[MESSAGE]}"
+        stop.set()
+        for thread in attackers:
+            thread.join()
+        huge = call(mallory, "vote_left", lease, None, "x" * 2**20)
+        assert huge.status_code == 413 and "max_request_kb" in huge.text
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join()
+        server.stop()
+
+    assert len(refusals) >= len(MALFORMED)
+    for token, strength, comment, status, body in refusals:
+        assert status == 200, (token, strength, comment, body)
+        message = json.loads(body)["data"][MESSAGE]
+        assert "must be" in message and "went wrong" not in message, (token, strength, comment, message)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        stored = dict(con.execute("SELECT annotator, count(*) FROM comparisons GROUP BY annotator").fetchall())
+        tokens = {row[0] for row in con.execute("SELECT client_token FROM comparisons WHERE annotator = 'bob'").fetchall()}
+    assert stored == {"bob": 30} and tokens == set(answered)
+
+
+def test_an_action_that_fails_inside_a_batch_fails_alone(tiny_project):
+    """The group commit's second line of defence: one action that fails in the batch's transaction
+    (one past Action's checks, as a future bug might let through) fails alone; the others are stored."""
+    add_pairs(tiny_project, prompts=10)
+    server = Server(load_project(tiny_project))
+    try:
+        names = ["ann", "bob", "cat", "dan"]
+        tokens = {name: server.annotate(Action("serve", name))[0].assignment.token for name in names}
+        actions = {name: Action("vote", name, tokens[name], "left") for name in names}
+        object.__setattr__(actions["cat"], "token", ["not", "text"])  # fails in the transaction: unhashable
+        results: dict[str, object] = {}
+
+        def vote(name: str) -> None:
+            try:
+                results[name] = server.annotate(actions[name])[0]
+            except Exception as e:
+                results[name] = e
+
+        threads = [threading.Thread(target=vote, args=(name,)) for name in names]
+        with server.lock:  # all four arrive while the writer is busy, so they are done as one batch
+            for thread in threads:
+                thread.start()
+            wait_for(lambda: len(server.arrivals) == len(names), seconds=30)
+        for thread in threads:
+            thread.join()
+        stored = {row[0] for row in server.db(lambda con: con.execute("SELECT annotator FROM comparisons").fetchall())}
+    finally:
+        server.close()
+    assert isinstance(results.pop("cat"), TypeError)
+    assert all(outcome.vote is not None and not outcome.refused for outcome in results.values()), results
+    assert stored == {"ann", "bob", "dan"}
