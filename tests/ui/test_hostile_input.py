@@ -1,10 +1,16 @@
 """Hostile input through a real `tether serve`: malformed votes from one annotator, and a decompression bomb."""
 
+import gzip
 import json
+import re
 import threading
+import time
 from contextlib import closing
+from pathlib import Path
 
 import httpx
+import pytest
+from gradio_client import Client, handle_file
 
 from annotate.queue import Action
 from store import open_database
@@ -115,3 +121,54 @@ def test_an_action_that_fails_inside_a_batch_fails_alone(tiny_project):
     assert isinstance(results.pop("cat"), TypeError)
     assert all(outcome.vote is not None and not outcome.refused for outcome in results.values()), results
     assert stored == {"ann", "bob", "dan"}
+
+
+def decompression_bomb(path: Path, gib: int) -> Path:
+    """A .gz of about 1 MiB that holds `gib` GiB of zeros: one small gzip member, repeated, which
+    gzip readers decompress one after another."""
+    path.write_bytes(gzip.compress(bytes(2**20)) * (1024 * gib))
+    return path
+
+
+def peak_memory(pid: int) -> int:
+    """The process's peak resident memory so far, in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) * 1024
+
+
+def test_a_decompression_bomb_is_refused_in_bounded_memory_while_votes_go_on(tiny_project, tmp_path):
+    add_pairs(tiny_project, prompts=400)
+    add_users(tiny_project, {"olga": "operator", "bob": "annotator"}, PASSWORD)
+    bomb = decompression_bomb(tmp_path / "prompts.jsonl.gz", gib=1)
+    server = RunningServer(tiny_project)
+    importing, stop, votes = threading.Event(), threading.Event(), []
+
+    def keep_voting(bob: httpx.Client) -> None:
+        view = call(bob, "next_pair").json()["data"]
+        while not stop.is_set():
+            sent_during = importing.is_set()
+            view = call(bob, "vote_left", view[0], None, "").json()["data"]
+            votes.append((sent_during and importing.is_set(), view[MESSAGE]))  # sent and answered during the import
+            time.sleep(0.05)
+
+    voter = threading.Thread(target=keep_voting, args=(signed_in(server.url, "bob"),))
+    try:
+        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        voter.start()
+        wait_for(lambda: len(votes) >= 3, seconds=30)
+        before = peak_memory(server.process.pid)
+        importing.set()
+        with pytest.raises(Exception) as refused:
+            operator.predict(handle_file(str(bomb)), api_name="/import_prompts")
+        importing.clear()
+        wait_for(lambda: votes and not votes[-1][0], seconds=30)  # a vote after the import, too
+        peak = peak_memory(server.process.pid)
+    finally:
+        stop.set()
+        if voter.is_alive():
+            voter.join()
+        server.stop()
+    assert "prompts.jsonl.gz: file: is larger than 256 MiB when decompressed, the limit set by [server] max_import_mb" in str(refused.value)
+    assert peak - before < 300 * 2**20, f"the server's peak memory grew by {(peak - before) / 2**20:.0f} MiB"
+    assert [message for _, message in votes] == [""] * len(votes)
+    assert any(during for during, _ in votes)

@@ -22,7 +22,8 @@ from annotate.queue import Action, LiveQueue, Outcome
 from store import StoreError
 from store.db import NotSaved, utcnow
 from store.jobs import Job
-from store.prompts import ImportResult, import_prompt_file
+from store.prompt_files import read_prompt_file
+from store.prompts import ImportResult, add_prompts
 from store.queue import release_leases
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.users import User, get_user, set_password_hash
@@ -167,13 +168,19 @@ class Server:
         return result
 
     def import_prompts(self, path: str | Path) -> ImportResult:
-        """Add the prompts of a file; a bad row adds nothing."""
-        return self.db(import_prompt_file, Path(path))
+        """Add the prompts of a file; a bad row adds nothing.
+
+        The file is read and checked before the writer's lock is taken, so that votes go on
+        meanwhile; only the one transaction that adds the prompts holds it.
+        """
+        prompts = read_prompt_file(Path(path), self.project.config.server.import_limits())
+        return self.db(add_prompts, prompts)
 
     def export(self, fmt: str, include_ties: bool, min_agreement: float | None) -> Path:
-        """Export the votes into a new folder of their own (see export_folder); return the file or directory written."""
+        """Export the votes into a new folder of their own (see export_folder); return the file or directory written.
+        It reads a snapshot beside the writer, so that votes go on while it writes."""
         out = self.export_folder() / ("preferences" if fmt == "hf" else f"preferences.{fmt}")
-        self.db(export_preferences, out, fmt, include_ties, min_agreement)
+        self.snapshot(export_preferences, out, fmt, include_ties, min_agreement)
         return out
 
     def account_changed(self, name: str) -> None:
