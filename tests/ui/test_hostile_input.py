@@ -73,6 +73,10 @@ def test_malformed_votes_from_one_annotator_fail_none_of_anothers_and_are_refuse
             thread.join()
         huge = call(mallory, "vote_left", lease, None, "x" * 2**20)
         assert huge.status_code == 413 and "max_request_kb" in huge.text
+        body = json.dumps({"data": [lease, None, "x" * 2**20]}).encode()
+        chunked = mallory.post("gradio_api/run/vote_left", headers={"Content-Type": "application/json"},
+                               content=(body[i:i + 2**16] for i in range(0, len(body), 2**16)))  # no Content-Length
+        assert chunked.status_code == 413
     finally:
         stop.set()
         for thread in attackers:
