@@ -53,6 +53,8 @@ TAKEN = "your time on this pair ran out and others have answered it; here is ano
 SKIPPED = "you skipped this pair"
 ANSWERED = "you have answered this pair already"
 
+MAX_TOKEN_CHARS = 64  # a lease's token (store.queue.new_token) is 22
+
 
 @dataclass
 class QueueConfig:
@@ -119,6 +121,15 @@ class Action:
     comment: str | None = None
     source: str = "app"  # stored with a vote: 'app' for people, 'simulate' for simulated annotators
     serve_next: bool = True  # lease the annotator's next pair after a vote or skip (one who stops wants none)
+
+    def __post_init__(self):
+        # Refused here, before the action joins a batch: a field of the wrong type would fail inside
+        # the batch's one transaction, and every action in it with it.
+        if not isinstance(self.token, str) or len(self.token) > MAX_TOKEN_CHARS:
+            got = f"{len(self.token):,} characters" if isinstance(self.token, str) else type(self.token).__name__
+            raise QueueError(f"the pair's token must be text of at most {MAX_TOKEN_CHARS} characters, got {got}")
+        if self.kind == "vote":
+            checked_comment(self.choice, self.strength, self.comment)
 
 
 @dataclass(frozen=True)

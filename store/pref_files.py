@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from store.db import BadInput
-from store.input_files import Messages, chat, prompt_chat, read_rows, text, type_name
+from store.input_files import ImportLimits, Messages, chat, prompt_chat, read_rows, text, type_name
 from store.prompt_files import MAX_PROMPT_CHARS, NewPrompt
 
 _TURN = re.compile(r"\n\n(Human|Assistant):")
@@ -35,9 +35,9 @@ class NewPreference:
         return self.prompt.content_hash, self.chosen, self.rejected
 
 
-def read_preference_file(path: Path) -> list[NewPreference]:
-    """Every preference in the file, or BadInput for the first bad row."""
-    return [_parse_row(row, str(path), where, path.name) for where, row in read_rows(path)]
+def read_preference_file(path: Path, limits: ImportLimits = ImportLimits()) -> list[NewPreference]:
+    """Every preference in the file, or BadInput for the first bad row or a file over the limits."""
+    return [_parse_row(row, str(path), where, path.name) for where, row in read_rows(path, limits)]
 
 
 def _parse_row(row: dict[str, Any], file: str, where: str, source: str) -> NewPreference:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from store.db import Connection, insert_rows, reserve_ids, transaction
+from store.input_files import ImportLimits
 from store.pref_files import NewPreference, read_preference_file
 from store.prompts import ImportResult, insert_new_prompts, prompt_ids
 
@@ -25,9 +26,9 @@ _PAIR_SCHEMA = pa.schema([
 _COMPARISON_SCHEMA = pa.schema([("pair_id", pa.int32()), ("annotator", pa.string()), ("choice", pa.string()), ("source", pa.string())])
 
 
-def import_preference_file(con: Connection, path: Path) -> ImportResult:
+def import_preference_file(con: Connection, path: Path, limits: ImportLimits = ImportLimits()) -> ImportResult:
     """Read and check the whole file, then add its preferences; a bad row adds nothing."""
-    return add_preferences(con, read_preference_file(path))
+    return add_preferences(con, read_preference_file(path, limits))
 
 
 def add_preferences(con: Connection, preferences: list[NewPreference]) -> ImportResult:

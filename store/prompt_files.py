@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from store.db import BadInput
-from store.input_files import Messages, prompt_chat, read_rows, text
+from store.input_files import ImportLimits, Messages, prompt_chat, read_rows, text
 
 MAX_PROMPT_CHARS = 32_000
 """Longest prompt accepted, counting every message's text: longer ones are almost always a data error."""
@@ -31,9 +31,9 @@ class NewPrompt:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def read_prompt_file(path: Path) -> list[NewPrompt]:
-    """Every prompt in the file, or BadInput for the first bad row."""
-    return [_parse_row(row, str(path), where, path.name) for where, row in read_rows(path)]
+def read_prompt_file(path: Path, limits: ImportLimits = ImportLimits()) -> list[NewPrompt]:
+    """Every prompt in the file, or BadInput for the first bad row or a file over the limits."""
+    return [_parse_row(row, str(path), where, path.name) for where, row in read_rows(path, limits)]
 
 
 def _parse_row(row: dict[str, Any], file: str, where: str, source: str) -> NewPrompt:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from store.db import Connection, insert_rows, transaction
-from store.input_files import Messages
+from store.input_files import ImportLimits, Messages
 from store.prompt_files import NewPrompt, read_prompt_file
 
 _ROW_SCHEMA = pa.schema([
@@ -65,9 +65,9 @@ def prompt_ids(con: Connection, content_hashes: list[str]) -> dict[str, int]:
     )
 
 
-def import_prompt_file(con: Connection, path: Path) -> ImportResult:
+def import_prompt_file(con: Connection, path: Path, limits: ImportLimits = ImportLimits()) -> ImportResult:
     """Read and check the whole file, then add its prompts; a bad row adds nothing."""
-    return add_prompts(con, read_prompt_file(path))
+    return add_prompts(con, read_prompt_file(path, limits))
 
 
 def prompts_to_generate(con: Connection, policy_version: int, limit: int | None) -> list[Prompt]:

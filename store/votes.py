@@ -24,6 +24,8 @@ def checked_comment(screen_choice: str, strength: str | None, comment: str | Non
         raise QueueError(f"choice must be one of {', '.join(SCREEN_CHOICES)}, got {screen_choice!r}")
     if strength not in (None, *STRENGTHS):
         raise QueueError(f"strength must be one of {', '.join(STRENGTHS)} or none, got {strength!r}")
+    if comment is not None and not isinstance(comment, str):
+        raise QueueError(f"the comment must be text, got {type(comment).__name__}")
     comment = (comment or "").strip() or None
     if comment and len(comment) > MAX_COMMENT_CHARS:
         raise QueueError(f"the comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")

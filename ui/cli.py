@@ -92,7 +92,7 @@ def import_prompts(file: Path, project_dir: Path):
         tether prompts import prompts.jsonl --project demo
     """
     project = load_project(project_dir)
-    result = project.run(import_prompt_file, file)
+    result = project.run(import_prompt_file, file, project.config.server.import_limits())
     click.echo(f"imported {result.added} prompts from {file} ({result.duplicates} already present)")
 
 
@@ -113,7 +113,7 @@ def import_prefs(file: Path, project_dir: Path):
         tether import-prefs hh-rlhf.jsonl.gz --project demo
     """
     project = load_project(project_dir)
-    result = project.run(import_preference_file, file)
+    result = project.run(import_preference_file, file, project.config.server.import_limits())
     click.echo(f"imported {result.added} comparisons from {file} ({result.duplicates} already present)")
 
 
@@ -277,7 +277,7 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     """
     project = load_project(project_dir)
     warn_about_length(project)
-    prompts = [p.messages for p in read_prompt_file(eval_prompts)]
+    prompts = [p.messages for p in read_prompt_file(eval_prompts, project.config.server.import_limits())]
     sim = Simulation(load_judge(judge_spec), prompts, noise=noise, agreement=agreement, annotators=annotators,
                      labels_per_round=labels_per_round, rounds=round_count, eval_samples=eval_samples, seed=seed,
                      optimizer=optimizer, strategy=strategy, report=report)

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from store import BadInput, open_database
+from store.input_files import ImportLimits
 from store.prompt_files import MAX_PROMPT_CHARS
 from store.prompts import import_prompt_file
 from tests.conftest import run_tether
@@ -191,3 +192,29 @@ def test_cli_import_with_a_malformed_seventh_line_imports_nothing(tmp_path, tiny
     status = run_tether("status", "--project", str(tiny_project))
     assert status.returncode == 0, status.stderr
     assert "prompts       0 (0 active)" in status.stdout
+
+
+@pytest.mark.parametrize("name, write", [
+    ("p.jsonl", write_jsonl), ("p.jsonl.gz", write_jsonl_gz), ("p.csv", write_csv),
+    ("p.parquet", write_parquet), ("p_dataset", write_dataset),
+])
+def test_each_format_is_refused_past_the_row_and_size_limits(tmp_path, name, write):
+    # Repeated text compresses well, so the .gz and Parquet files are far smaller than what they hold.
+    rows = [{"prompt": f"{i} " + "many words " * 1_000} for i in range(120)]
+    write(tmp_path / name, rows)
+    when = {"p.jsonl.gz": " when decompressed", "p.parquet": " uncompressed"}.get(name, "")
+    with closing(open_database(tmp_path / "t.duckdb")) as con:
+        with pytest.raises(BadInput, match=rf"{name}: file: has more than 100 rows, the limit set by \[server\] max_import_rows"):
+            import_prompt_file(con, tmp_path / name, ImportLimits(max_rows=100))
+        with pytest.raises(BadInput, match=rf"{name}: file: is larger than 1 MiB{when}, the limit set by \[server\] max_import_mb"):
+            import_prompt_file(con, tmp_path / name, ImportLimits(max_mb=1))
+        assert con.execute("SELECT count(*) FROM prompts").fetchone()[0] == 0
+        assert import_prompt_file(con, tmp_path / name, ImportLimits(max_mb=2, max_rows=120)).added == 120
+
+
+def test_a_corrupt_gzip_file_is_named(tmp_path):
+    path = tmp_path / "p.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"prompt": "fine"}\n' * 100)[:-20])
+    with closing(open_database(tmp_path / "t.duckdb")) as con:
+        with pytest.raises(BadInput, match=r"p.jsonl.gz: file: not a readable gzip file"):
+            import_prompt_file(con, path)

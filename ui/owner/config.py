@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from annotate.queue import QueueConfig
+from store.input_files import ImportLimits
 from ui.owner.auth import SignInLimits
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
 
@@ -53,6 +54,19 @@ class ServerConfig:
                           "attacker can keep an account locked out, its owner waiting up to this long."},
     )
     max_upload_mb: float = field(default=100.0, metadata={"help": "The largest file the app accepts (prompt uploads), in MiB."})
+    # The defaults are ImportLimits', so that they are stated once.
+    max_import_mb: int = field(
+        default=ImportLimits.max_mb,
+        metadata={"help": "The largest prompt or preference file an import reads, in MiB once decompressed: a larger one "
+                          "is refused before it is read into memory. A .gz is measured as it is decompressed."},
+    )
+    max_import_rows: int = field(
+        default=ImportLimits.max_rows, metadata={"help": "The most rows a prompt or preference file may hold; one with more is refused."},
+    )
+    max_request_kb: int = field(
+        default=64, metadata={"help": "The largest request the app accepts other than a file upload, in KiB: a vote with the "
+                          "longest comment allowed is under 10 KiB. Larger ones are refused (413) before they are read."},
+    )
     export_seconds: int = field(
         default=600, metadata={"help": "How long an export's file is kept for download before the server removes it; all of them go "
                           "when the server stops."},
@@ -64,10 +78,18 @@ class ServerConfig:
                 raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
         if self.max_upload_mb <= 0:
             raise ValueError(f"max_upload_mb must be over 0, got {self.max_upload_mb}")
+        for name in ("max_import_mb", "max_import_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if self.max_request_kb < 1:
+            raise ValueError(f"max_request_kb must be 1 or more, got {self.max_request_kb}")
         if self.export_seconds < 1:
             raise ValueError(f"export_seconds must be 1 or more, got {self.export_seconds}")
         if not 0 < self.lockout_seconds <= self.max_lockout_seconds:
             raise ValueError(f"lockout_seconds must be over 0 and at most max_lockout_seconds, got {self.lockout_seconds}")
+
+    def import_limits(self) -> ImportLimits:
+        return ImportLimits(max_mb=self.max_import_mb, max_rows=self.max_import_rows)
 
     def sign_in_limits(self) -> SignInLimits:
         return SignInLimits(per_account=self.sign_in_attempts, per_address=self.sign_in_attempts_per_address,

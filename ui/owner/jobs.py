@@ -216,7 +216,8 @@ def evaluate_reward_model(project: Project, version: RewardModel, data_file: Pat
     from train.models import resolve_model_path  # torch and transformers take seconds to import
     from train.reward_model import load_reward_model
 
-    rows = [PreferenceRow(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(data_file)]
+    preferences = read_preference_file(data_file, project.config.server.import_limits())
+    rows = [PreferenceRow(p.prompt.messages, p.chosen, p.rejected) for p in preferences]
     if not rows:
         raise JobError(f"{data_file} holds no preference pairs")
     base = project.config.model

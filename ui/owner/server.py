@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +22,8 @@ from annotate.queue import Action, LiveQueue, Outcome
 from store import StoreError
 from store.db import NotSaved, utcnow
 from store.jobs import Job
-from store.prompts import ImportResult, import_prompt_file
+from store.prompt_files import read_prompt_file
+from store.prompts import ImportResult, add_prompts
 from store.queue import release_leases
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.users import User, get_user, set_password_hash
@@ -84,20 +86,33 @@ class Server:
         self.arrivals.append(arrival)
         with self.lock:
             if arrival.result is None:  # no earlier holder of the lock took it in
-                batch = [self.arrivals.popleft() for _ in range(len(self.arrivals))]
-                now = utcnow()
-                try:
-                    outcomes = self.queue.act(self.con, [a.action for a in batch], now)
-                except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
-                    for other in batch:
-                        other.result = NotSaved(f"the database could not save this, with {len(batch) - 1} others: {e}")
-                    raise
-                for a, outcome in zip(batch, outcomes):
-                    name = a.action.annotator
-                    a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
+                self._act([self.arrivals.popleft() for _ in range(len(self.arrivals))], utcnow())
         if isinstance(arrival.result, BaseException):
             raise arrival.result
         return arrival.result
+
+    def _act(self, batch: list[_Arrival], now: datetime) -> None:
+        """Do a batch in one transaction, under the lock, and give each arrival its result.
+
+        A batch that fails is done again one action at a time, so that only the action at fault
+        (or each one, when the disk is full) fails, and no one else's vote is lost with it.
+        """
+        try:
+            outcomes = self.queue.act(self.con, [a.action for a in batch], now)
+        except Exception as e:
+            if len(batch) > 1:
+                for one in batch:
+                    self._act([one], now)
+            else:
+                batch[0].result = e
+            return
+        except BaseException as e:  # each waiting thread must get a result, or it would wait for its batch again
+            for a in batch:
+                a.result = NotSaved(f"the database could not save this: {type(e).__name__}")
+            raise
+        for a, outcome in zip(batch, outcomes):
+            name = a.action.annotator
+            a.result = outcome, self.queue.votes_today(name, now), self.queue.pairs_left(name, now)
 
     def snapshot(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a store function on a connection of its own, beside the writer: for long reads of one snapshot."""
@@ -153,13 +168,19 @@ class Server:
         return result
 
     def import_prompts(self, path: str | Path) -> ImportResult:
-        """Add the prompts of a file; a bad row adds nothing."""
-        return self.db(import_prompt_file, Path(path))
+        """Add the prompts of a file; a bad row adds nothing.
+
+        The file is read and checked before the writer's lock is taken, so that votes go on
+        meanwhile; only the one transaction that adds the prompts holds it.
+        """
+        prompts = read_prompt_file(Path(path), self.project.config.server.import_limits())
+        return self.db(add_prompts, prompts)
 
     def export(self, fmt: str, include_ties: bool, min_agreement: float | None) -> Path:
-        """Export the votes into a new folder of their own (see export_folder); return the file or directory written."""
+        """Export the votes into a new folder of their own (see export_folder); return the file or directory written.
+        It reads a snapshot beside the writer, so that votes go on while it writes."""
         out = self.export_folder() / ("preferences" if fmt == "hf" else f"preferences.{fmt}")
-        self.db(export_preferences, out, fmt, include_ties, min_agreement)
+        self.snapshot(export_preferences, out, fmt, include_ties, min_agreement)
         return out
 
     def account_changed(self, name: str) -> None:

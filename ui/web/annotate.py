@@ -11,8 +11,8 @@ import gradio as gr
 from annotate.queue import Action
 from store.queue import Assignment
 from store.users import User
-from ui.owner.server import Server
-from ui.web.common import count, with_error_ids
+from ui.owner.server import Refused, Server
+from ui.web.common import count, user_errors, with_error_ids
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
 CHOICES = [
@@ -139,11 +139,26 @@ def vote_for(server: Server, choice: str) -> Callable[..., tuple]:
 
     # A named function per button: Gradio finds the gr.Request parameter by inspecting it.
     @refusals_in_the_message_line
-    def vote(token: str, strength: str | None, comment: str, request: gr.Request) -> tuple:
+    def vote(token: str | None, strength: str | None, comment: str | None, request: gr.Request) -> tuple:
         user = server.user(request.username)
-        return shown(server, user, Action("vote", user.name, token, choice, STRENGTHS.get(strength or ""), comment))
+        with user_errors():  # a malformed field (these arrive unprocessed, as any JSON) is refused before it joins a batch
+            action = Action("vote", user.name, _token(token), choice, _strength(strength), comment)
+        return shown(server, user, action)
 
     return vote
+
+
+def _token(token: str | None) -> str:
+    return "" if token is None else token  # None: the page has no pair (Action refuses what is not text)
+
+
+def _strength(label: str | None) -> str | None:
+    """The stored strength for the radio button's label."""
+    if label is None or label == "":
+        return None
+    if not isinstance(label, str) or label not in STRENGTHS:
+        raise Refused(f"the strength must be one of {', '.join(map(repr, STRENGTHS))} or none")
+    return STRENGTHS[label]
 
 
 def build_annotate(server: Server, app: gr.Blocks) -> None:
@@ -155,9 +170,11 @@ def build_annotate(server: Server, app: gr.Blocks) -> None:
         return shown(server, user, Action("serve", user.name))
 
     @refusals_in_the_message_line
-    def skip_pair(token: str, request: gr.Request) -> tuple:
+    def skip_pair(token: str | None, request: gr.Request) -> tuple:
         user = server.user(request.username)
-        return shown(server, user, Action("skip", user.name, token))
+        with user_errors():
+            action = Action("skip", user.name, _token(token))
+        return shown(server, user, action)
 
     with gr.Tab("Annotate"):
         progress = gr.HTML(elem_id="progress")

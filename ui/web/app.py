@@ -8,6 +8,7 @@ import signal
 from typing import Any
 
 import gradio as gr
+from gradio.route_utils import API_PREFIX
 from starlette.middleware import Middleware
 
 from ui.owner import control
@@ -56,6 +57,43 @@ def build_app(server: Server) -> gr.Blocks:
     return app
 
 
+class BodyLimit:
+    """ASGI middleware that refuses a request whose body is over `limit` bytes (413), but for Gradio's
+    upload route, which has its own limit (max_file_size). The body is read before the app sees it,
+    which costs nothing at this size, so a body sent in chunks with no Content-Length is held to it too."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].rstrip("/") == f"{API_PREFIX}/upload":
+            return await self.app(scope, receive, send)
+        declared = int(dict(scope["headers"]).get(b"content-length", 0))  # uvicorn has checked it is a number
+        body, more = b"", declared <= self.limit
+        while more and len(body) <= self.limit:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if max(declared, len(body)) > self.limit:
+            text = f"The request is over [server] max_request_kb ({self.limit // 1024} KiB).".encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(text)).encode())]})
+            await send({"type": "http.response.body", "body": text})
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: what comes next, a disconnect
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
 def _stop(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # Gradio shuts down cleanly on it
 
@@ -64,11 +102,13 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
     """Serve the app for this server's project; it blocks until stopped unless prevent_thread_lock."""
     app = build_app(server)
     app.queue(default_concurrency_limit=64)
+    config = server.project.config.server
     app.launch(
         server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
         footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
-        max_file_size=int(server.project.config.server.max_upload_mb * 2**20), prevent_thread_lock=True,
-        app_kwargs={"middleware": [Middleware(ClientAddress)], "routes": control.routes(server)},
+        max_file_size=int(config.max_upload_mb * 2**20), prevent_thread_lock=True,
+        app_kwargs={"middleware": [Middleware(ClientAddress), Middleware(BodyLimit, limit=config.max_request_kb * 1024)],
+                    "routes": control.routes(server)},
     )
     server.sessions = app.server_app.tokens
     control.announce(server.project, app.local_url, server.control_token)
