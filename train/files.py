@@ -42,7 +42,7 @@ def write_durably(path: Path, text: str, mode: int = 0o666) -> None:
     """Replace the file at `path` with `text`, whole and synced; `mode` before the umask (0o600: its owner's alone)."""
     with built_beside(path) as built:
         built.touch(mode=mode)
-        built.write_text(text)
+        built.write_text(text, encoding="utf-8")
 
 
 def sync(path: Path) -> None:
