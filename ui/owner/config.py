@@ -288,19 +288,14 @@ def set_setting(path: Path, read: str, section: str, key: str, value: Any) -> st
     if current != read:
         raise ConfigError(f"{path} changed since the settings in use were read from it, so it was left as it is: "
                           "restart the app to use the file's settings, then change this one again")
-    line = f"{key} = {_toml_value(value)}"
     lines = current.splitlines(keepends=True)
-    header = next((i for i, text in enumerate(lines) if re.fullmatch(rf"\s*\[\s*{section}\s*\]\s*(#.*)?", text.rstrip("\r\n"))), None)
-    if header is None:
-        changed = current + ("" if current.endswith("\n") else "\n") + f"\n[{section}]\n{line}\n"
-    else:
-        end = next((i for i in range(header + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-        at = next((i for i in range(header + 1, end) if re.match(rf"\s*{key}\s*=", lines[i])), None)
-        if at is None:
-            lines.insert(header + 1, line + "\n")
-        else:
-            lines[at] = line + lines[at][len(lines[at].rstrip("\r\n")):]  # its own line ending
-        changed = "".join(lines)
+    header = next((i for i, text in enumerate(lines) if re.fullmatch(rf"\s*\[{section}\]\s*(#.*)?", text.rstrip("\r\n"))), len(lines))
+    end = next((i for i in range(header + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    at = next((i for i in range(header + 1, end) if re.match(rf"\s*{key}\s*=", lines[i])), None)
+    if at is None:
+        raise ConfigError(f"{path}: [{section}] has no line '{key} = ...' to change: add it to the file by hand")
+    lines[at] = f"{key} = {_toml_value(value)}" + lines[at][len(lines[at].rstrip("\r\n")):]  # its own line ending
+    changed = "".join(lines)
     expected = tomllib.loads(current)
     expected.setdefault(section, {})[key] = value
     try:
