@@ -30,8 +30,7 @@ def built_beside(target: Path) -> Iterator[Path]:
     try:
         built = staging / target.name
         yield built
-        for path in _tree(built):
-            sync(path)
+        sync_tree(built)
         os.rename(built, target)
         sync(target.parent)
     finally:
@@ -42,7 +41,7 @@ def write_durably(path: Path, text: str, mode: int = 0o666) -> None:
     """Replace the file at `path` with `text`, whole and synced; `mode` before the umask (0o600: its owner's alone)."""
     with built_beside(path) as built:
         built.touch(mode=mode)
-        built.write_text(text)
+        built.write_text(text, encoding="utf-8")
 
 
 def sync(path: Path) -> None:
@@ -52,6 +51,12 @@ def sync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def sync_tree(path: Path) -> None:
+    """fsync a file, or a directory with every file and directory under it, each directory after its contents."""
+    for each in _tree(path):
+        sync(each)
 
 
 def _tree(path: Path) -> Iterator[Path]:

@@ -1,17 +1,29 @@
 """`tether backup` while annotators vote, through the running server, and `tether restore` elsewhere."""
 
+import contextlib
 import hashlib
 import json
+import os
 import random
+import shutil
+import subprocess
 import threading
 import time
 from contextlib import closing
 from pathlib import Path
 
+import duckdb
+import pytest
 from gradio_client import Client
 
+from annotate.pairs import add_completions_with_pairs
+from annotate.queue import QueueConfig
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, toy_preferences
+from store.completions import NewCompletion
+from store.jobs import add_job
+from store.prompt_files import NewPrompt
+from store.prompts import add_prompts
+from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, toy_preferences, vote_every_pair
 
 PASSWORD = "password-123"
 
@@ -118,3 +130,115 @@ def test_restore_refuses_a_manifest_naming_paths_outside_the_backup(tiny_project
     refused = run_tether("restore", str(dest), "--project", str(tmp_path / "new" / "project"))
     assert refused.returncode == 1 and "field 'adapters': '../secret' is not a version directory" in refused.stderr
     assert not (tmp_path / "new" / "project").exists() and not (tmp_path / "new" / "secret").exists()
+
+
+@pytest.fixture
+def few_inodes(tmp_path):
+    """A tmpfs with room for 64 files and directories, mounted for the test (which needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=64", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def test_a_backup_that_fails_while_copying_leaves_the_server_able_to_take_the_next(tiny_project, few_inodes):
+    add_pairs(tiny_project, prompts=5)
+    vote_every_pair(tiny_project)
+    filler = few_inodes / "filler"
+    filler.mkdir()
+    made = 0
+    with contextlib.suppress(OSError):  # until the filesystem has no file left to give
+        while True:
+            (filler / str(made)).touch()
+            made += 1
+    for n in range(made - 3, made):  # room for the backup's directories and its database, not for the database's log
+        (filler / str(n)).unlink()
+    server = RunningServer(tiny_project)
+    try:
+        failed = run_tether("backup", str(few_inodes / "monday"), "--project", str(tiny_project))
+        assert failed.returncode == 1
+        assert sorted(p.name for p in few_inodes.iterdir()) == ["filler"]  # nothing left half made
+        shutil.rmtree(filler)
+        taken = run_tether("backup", str(few_inodes / "tuesday"), "--project", str(tiny_project))
+        assert taken.returncode == 0, taken.stderr
+        assert "backed up 5 votes" in taken.stdout
+    finally:
+        server.stop()
+    assert "cannot copy the database to" in failed.stderr and "No space left on device" in failed.stderr, failed.stderr
+    restored = run_tether("restore", str(few_inodes / "tuesday"), "--project", str(few_inodes / "restored"))
+    assert restored.returncode == 0, restored.stderr
+
+
+@pytest.mark.parametrize("linked", ["tether.duckdb", "reward_models/v1/adapter_model.safetensors"])
+def test_restore_refuses_a_backup_holding_a_symbolic_link(tiny_project, tmp_path, linked):
+    dest = tmp_path / "backup"
+    run_tether("backup", str(dest), "--project", str(tiny_project), check=True)
+    secret = tmp_path / "secret"
+    secret.write_text("not for the project")
+    if linked == "tether.duckdb":  # a link to a real database: followed, it would be restored
+        (dest / linked).rename(secret)
+    else:  # an adapter whose weights are a link to a file elsewhere
+        manifest = json.loads((dest / "backup.json").read_text())
+        (dest / "backup.json").write_text(json.dumps(manifest | {"adapters": ["reward_models/v1"]}))
+        (dest / "reward_models" / "v1").mkdir(parents=True)
+        (dest / "reward_models" / "v1" / "adapter_config.json").write_text("{}")
+    (dest / linked).symlink_to(secret)
+    refused = run_tether("restore", str(dest), "--project", str(tmp_path / "restored"))
+    assert refused.returncode == 1, refused.stdout
+    assert f"{dest} holds a symbolic link, {linked}: a backup holds only files and directories" in refused.stderr
+    assert not (tmp_path / "restored").exists()
+
+
+def test_restore_reads_only_the_tables_of_a_backups_database_and_refuses_one_with_a_view_in_their_place(tiny_project, tmp_path):
+    add_pairs(tiny_project, prompts=3)
+    vote_every_pair(tiny_project)
+    dest = tmp_path / "backup"
+    run_tether("backup", str(dest), "--project", str(tiny_project), check=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the project")
+    with closing(duckdb.connect(str(dest / "tether.duckdb"))) as con:  # what a tampered backup may hold
+        con.execute(f"CREATE VIEW leak AS SELECT content FROM read_text('{secret}')")
+    restored = run_tether("restore", str(dest), "--project", str(tmp_path / "restored"))
+    assert restored.returncode == 0 and "restored 3 votes" in restored.stdout, restored.stderr
+    with closing(open_database(tmp_path / "restored" / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0
+
+    with closing(duckdb.connect(str(dest / "tether.duckdb"))) as con:
+        con.execute(f"DROP TABLE comparisons; CREATE VIEW comparisons AS SELECT content FROM read_text('{secret}')")
+    refused = run_tether("restore", str(dest), "--project", str(tmp_path / "again"))
+    assert refused.returncode == 1 and "table comparisons is not as schema version" in refused.stderr, refused.stderr
+    assert not (tmp_path / "again").exists()
+
+
+def test_after_a_restore_new_votes_prompts_and_jobs_get_fresh_ids(tiny_project, tmp_path):
+    add_pairs(tiny_project, prompts=6)
+    vote_every_pair(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        for _ in range(3):
+            add_job(con, "generate", {})
+    tables = ("prompts", "completions", "pairs", "assignments", "comparisons", "jobs")
+
+    def highest_ids(project: Path) -> dict[str, int]:
+        with closing(open_database(project / "tether.duckdb")) as con:
+            return {table: con.execute(f"SELECT max(id) FROM {table}").fetchone()[0] for table in tables}
+
+    before = highest_ids(tiny_project)
+    run_tether("backup", str(tmp_path / "backup"), "--project", str(tiny_project), check=True)
+    restored = tmp_path / "restored"
+    run_tether("restore", str(tmp_path / "backup"), "--project", str(restored), check=True)
+    assert highest_ids(restored) == before
+    with closing(open_database(restored / "tether.duckdb")) as con:  # a new prompt, its pair and a job, as the app adds them
+        add_prompts(con, [NewPrompt([{"role": "user", "content": "a question after the restore"}], "test")])
+        prompt = con.execute("SELECT id FROM prompts WHERE source = 'test' ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()[0]
+        add_completions_with_pairs(con, [NewCompletion(prompt, 0, f"answer {k}", 5, True, {}) for k in range(2)], QueueConfig())
+        add_job(con, "generate", {})
+    assert vote_every_pair(restored, "someone-new") == 1
+    with closing(open_database(restored / "tether.duckdb")) as con:
+        fresh = {table: con.execute(f"SELECT min(id) FROM {table} WHERE id > ?", [before[table]]).fetchone()[0] for table in tables}
+        counts = [con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in ("prompts", "comparisons", "jobs")]
+    assert fresh == {table: before[table] + 1 for table in tables} and counts == [7, 7, 4]

@@ -3,11 +3,12 @@ import subprocess
 import sys
 
 import pytest
+from gradio_client import Client
 
 from train.config import GenerationConfig, Hardware
 from ui.owner.config import ConfigError, TetherConfig, load_config, write_config
 from ui.owner.project import ProjectError, init_project, load_project
-from tests.conftest import run_tether
+from tests.conftest import RunningServer, add_users, free_port, run_tether, set_settings
 
 
 def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
@@ -126,3 +127,44 @@ def test_ppo_optimises_the_length_annotators_see_unless_told_otherwise(tmp_path)
     path.write_text("[generation]\nmax_new_tokens = 64\n[grpo]\nmax_new_tokens = 96\n")
     with pytest.raises(ConfigError, match=r"tether.toml: \[grpo\] max_new_tokens \(96\) is longer than \[generation\] max_new_tokens \(64\)"):
         load_config(path)
+
+
+def test_saving_the_schedule_changes_its_one_line_and_refuses_a_file_edited_since_the_app_read_it(tiny_project):
+    config = tiny_project / "tether.toml"
+    config.write_text("# Our team's note: keep the answers short.\n" + config.read_text())
+    add_users(tiny_project, {"olga": "operator"})
+    server = RunningServer(tiny_project)
+    try:
+        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
+        before = config.read_text().splitlines()
+        assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
+        after = config.read_text().splitlines()
+        assert len(after) == len(before)
+        assert [(old, new) for old, new in zip(before, after) if old != new] == [("every_comparisons = 0", "every_comparisons = 3")]
+
+        set_settings(tiny_project, "generation", temperature=0.5)  # someone edits the file while the app runs
+        edited = config.read_bytes()
+        with pytest.raises(Exception, match="changed since the settings in use were read from it"):
+            operator.predict(5, api_name="/set_schedule")
+        assert config.read_bytes() == edited
+        assert operator.predict(api_name="/round_status") == "No round running; the scheduler starts a round every 3 new comparisons."
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("broken", ["unparsable", "empty"])
+def test_a_broken_tether_toml_stops_serve_and_every_command_naming_the_file_and_line(tiny_project, broken):
+    config = tiny_project / "tether.toml"
+    lines = config.read_text().splitlines()
+    if broken == "unparsable":
+        line = lines.index("every_comparisons = 0")
+        lines[line] = "every_comparisons = = 0"  # as an editor might leave it
+        config.write_text("\n".join(lines) + "\n")
+        where = f"(at line {line + 1}, column 21)"
+    else:
+        config.write_text("")  # what a write cut short by a crash leaves
+        where = "the file is empty"
+    for args in (["status"], ["serve", "--port", str(free_port())]):
+        result = run_tether(*args, "--project", str(tiny_project), timeout=60)
+        assert result.returncode == 1, (args, result.stdout)
+        assert f"Error: {config}: " in result.stderr and where in result.stderr and "Traceback" not in result.stderr

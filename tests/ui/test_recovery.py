@@ -4,6 +4,7 @@ The kill tests run the real `tether rm train` / `tether ppo` with TETHER_TEST_KI
 ingest step, where the process kills itself as kill -9 would; the next command is the restart.
 """
 
+import os
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from store import open_database
 from store.jobs import get_job
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings, toy_preferences
 from ui.web.app import Server
-from ui.owner.jobs import job_dir, submit_reward_training
+from ui.owner import recovery
+from ui.owner.jobs import job_dir, run_job, submit_reward_training
 from ui.owner.project import load_project
 from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV
 
@@ -95,6 +97,30 @@ def test_a_version_directory_nobody_registered_is_set_aside_not_overwritten(proj
     assert (project / "jobs" / "orphaned" / "reward_models-v1" / "notes.txt").read_text() == "left by hand"
     assert (project / "reward_models" / "v1" / "adapter_config.json").exists()
     assert_consistent(project)
+
+
+def test_the_process_that_registers_an_adapter_syncs_each_of_its_files_then_its_directories_before_the_row_commits(
+    project, monkeypatch
+):
+    """The worker syncs what it builds, but in its own process; the row is this process's word that the files are whole.
+
+    os.fsync is watched in this process only (the worker is a child process), recording what each
+    call synced by inode, which a rename keeps; the ingest's fault points mark where the row commits.
+    """
+    synced: list[int | str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda descriptor: (synced.append(os.fstat(descriptor).st_ino), fsync(descriptor))[1])
+    monkeypatch.setattr(recovery, "fault_point", synced.append)
+    loaded = load_project(project)
+    assert run_job(loaded, loaded.run, submit_reward_training(loaded, loaded.run)).status == "done"
+
+    before_commit = synced[: synced.index("before_commit")]
+    adapter = loaded.root / "reward_models" / "v1"
+    files = [path.stat().st_ino for path in adapter.rglob("*") if path.is_file()]
+    directories = [path.stat().st_ino for path in (adapter, adapter.parent, loaded.root)]
+    assert len(files) >= 4 and set(files + directories) <= set(before_commit)
+    last_file = max(before_commit.index(inode) for inode in files)
+    assert all(len(before_commit) - 1 - before_commit[::-1].index(inode) > last_file for inode in directories)
 
 
 # The app's job runner: a fault in one job fails that job, with its error, and the runner goes on.

@@ -4,14 +4,21 @@ The database is copied from one transaction's snapshot (DuckDB's COPY FROM DATAB
 backup taken while annotators vote holds every vote committed before it began and none half
 written, and the writer is never paused. Registered adapter directories never change once their
 version row exists, so they are copied after the snapshot, outside it.
+
+A backup is not trusted when it is restored: one holding a symbolic link is refused, and its
+database file is read with no access to other files, its rows copied into a new database that
+this Tether's migrations make (store.backups.restore_database).
 """
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+from store.backups import copy_database, restore_database
 from store.db import Connection, StoreError, open_database, utcnow
 from store.jobs import registered_adapter_paths
 from train.files import built_beside
@@ -38,13 +45,8 @@ def backup(con: Connection, root: Path, dest: Path) -> Backup:
         partial.mkdir(mode=0o700)  # the database holds password hashes: the backup is its owner's alone
         snapshot = con.cursor()  # its own connection: the snapshot is not blocked by, and does not block, votes
         try:
-            snapshot.execute("ATTACH ? AS backup", [str(partial / DATABASE_FILE)])
-            snapshot.begin()
-            adapters = sorted(registered_adapter_paths(snapshot))
-            votes = snapshot.execute("SELECT count(*) FROM comparisons").fetchone()[0]
-            snapshot.execute(f"COPY FROM DATABASE {_database_name(snapshot)} TO backup")
-            snapshot.commit()
-            snapshot.execute("DETACH backup")
+            adapters, votes = copy_database(snapshot, partial / DATABASE_FILE, lambda con: (
+                sorted(registered_adapter_paths(con)), con.execute("SELECT count(*) FROM comparisons").fetchone()[0]))
         finally:
             snapshot.close()
         for adapter in adapters:
@@ -64,6 +66,7 @@ def restore(src: Path, root: Path) -> Backup:
                              "or move that project away first")
     if root.exists() and any(root.iterdir()):
         raise StoreError(f"{root} is not empty: restore into a new or empty directory")
+    _refuse_links(src, MANIFEST)
     try:
         manifest = json.loads((src / MANIFEST).read_text())
     except (OSError, ValueError) as e:
@@ -71,13 +74,19 @@ def restore(src: Path, root: Path) -> Backup:
     for adapter in manifest["adapters"]:  # names from a file: nothing outside the backup is read, or outside root written
         if not ADAPTER_PATH.fullmatch(adapter):
             raise StoreError(f"{src / MANIFEST}: field 'adapters': {adapter!r} is not a version directory such as reward_models/v1")
+    for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
+        _refuse_links(src, name)
+        if not (src / name).exists():
+            raise StoreError(f"{src} is incomplete: {name} is missing")
     with built_beside(root) as partial:
         partial.mkdir(mode=0o700)  # as the backup was made
-        for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
-            if not (src / name).exists():
-                raise StoreError(f"{src} is incomplete: {name} is missing")
-            (shutil.copytree if (src / name).is_dir() else shutil.copy2)(src / name, partial / name)
-        con = open_database(partial / DATABASE_FILE)  # also brings an older backup's schema up to date
+        for name in (CONFIG_FILE, *manifest["adapters"]):  # a link that appeared since the check is copied, never followed
+            if (src / name).is_dir():
+                shutil.copytree(src / name, partial / name, symlinks=True)
+            else:
+                shutil.copy2(src / name, partial / name, follow_symlinks=False)
+        restore_database(src / DATABASE_FILE, partial / DATABASE_FILE)
+        con = open_database(partial / DATABASE_FILE)
         try:
             votes = con.execute("SELECT count(*) FROM comparisons").fetchone()[0]
             missing = sorted(registered_adapter_paths(con) - set(manifest["adapters"]))
@@ -88,6 +97,18 @@ def restore(src: Path, root: Path) -> Backup:
     return Backup(votes, manifest["adapters"])
 
 
-def _database_name(con: Connection) -> str:
-    name = con.execute("SELECT current_database()").fetchone()[0]
-    return '"' + name.replace('"', '""') + '"'
+def _refuse_links(src: Path, name: str) -> None:
+    """Refuse a symbolic link at, above (inside src) or under src/name: it could bring a file from elsewhere into the project."""
+    for path in _links(src, name):
+        raise StoreError(f"{src} holds a symbolic link, {path.relative_to(src)}: a backup holds only files and directories, "
+                         "so it is not restored")
+
+
+def _links(src: Path, name: str) -> Iterator[Path]:
+    path = src
+    for part in Path(name).parts:
+        path = path / part
+        if path.is_symlink():
+            yield path
+    for parent, directories, files in os.walk(src / name):  # os.walk lists a link to a directory without entering it
+        yield from (Path(parent) / entry for entry in directories + files if (Path(parent) / entry).is_symlink())

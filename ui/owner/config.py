@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import textwrap
 import tomllib
 import types
@@ -14,6 +15,7 @@ from annotate.queue import QueueConfig
 from store.input_files import ImportLimits
 from ui.owner.auth import SignInLimits
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
+from train.files import write_durably
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.
@@ -229,18 +231,28 @@ def settings_for(hardware: Hardware, model: ModelConfig) -> tuple[TetherConfig, 
 
 
 def load_config(path: Path) -> TetherConfig:
+    return read_config(path)[0]
+
+
+def read_config(path: Path) -> tuple[TetherConfig, str]:
+    """The settings in a tether.toml, and the text they were read from: set_setting refuses to write over a
+    file that no longer holds it. A file that does not parse, or is empty, stops here, never read as defaults."""
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")  # its line endings as they are, so that set_setting keeps them
+        document = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: cannot read it: {e}") from None
+    if not text.strip():  # what a write cut short leaves; `tether init` writes every setting
+        raise ConfigError(f"{path}: the file is empty: put back the project's settings, from a backup or a new `tether init`")
     sections = {f.name: f.type for f in dataclasses.fields(TetherConfig)}
     for name in document:
         if name not in sections:
             raise ConfigError(f"{path}: unknown section [{name}] (known: {', '.join(sections)})")
     try:
-        return TetherConfig(**{name: _section(path, name, cls, document.get(name, {})) for name, cls in sections.items()})
+        config = TetherConfig(**{name: _section(path, name, cls, document.get(name, {})) for name, cls in sections.items()})
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
+    return config, text
 
 
 def _section(path: Path, name: str, cls: type, values: dict[str, Any]) -> Any:
@@ -282,7 +294,40 @@ def write_config(path: Path, config: TetherConfig) -> None:
             value = getattr(values, setting.name)
             lines.append(f"# {setting.name} = 0" if value is None else f"{setting.name} = {_toml_value(value)}")
         lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_durably(path, "\n".join(lines))
+
+
+def set_setting(path: Path, read: str, section: str, key: str, value: Any) -> str:
+    """Change one setting in tether.toml, leaving every other line as it is, and return the file's new text.
+
+    `read` is the text the running settings came from: a file changed since (by hand, or by another
+    process) is refused, not overwritten with them. The file is replaced whole, never half written.
+    """
+    try:
+        current = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it: {e}") from None
+    if current != read:
+        raise ConfigError(f"{path} changed since the settings in use were read from it, so it was left as it is: "
+                          "restart the app to use the file's settings, then change this one again")
+    lines = current.splitlines(keepends=True)
+    header = next((i for i, text in enumerate(lines) if re.fullmatch(rf"\s*\[{section}\]\s*(#.*)?", text.rstrip("\r\n"))), len(lines))
+    end = next((i for i in range(header + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    at = next((i for i in range(header + 1, end) if re.match(rf"\s*{key}\s*=", lines[i])), None)
+    if at is None:
+        raise ConfigError(f"{path}: [{section}] has no line '{key} = ...' to change: add it to the file by hand")
+    lines[at] = f"{key} = {_toml_value(value)}" + lines[at][len(lines[at].rstrip("\r\n")):]  # its own line ending
+    changed = "".join(lines)
+    expected = tomllib.loads(current)
+    expected.setdefault(section, {})[key] = value
+    try:
+        placed = tomllib.loads(changed) == expected
+    except tomllib.TOMLDecodeError:
+        placed = False
+    if not placed:  # a line this simple reading misplaced, such as one inside a multi-line string
+        raise ConfigError(f"{path}: cannot change [{section}] {key} without touching other settings: set it in the file by hand")
+    write_durably(path, changed)
+    return changed
 
 
 def _toml_value(value: Any) -> str:

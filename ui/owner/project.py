@@ -8,7 +8,7 @@ from typing import Any, Callable
 from store import Connection, open_database
 from store.policies import add_policy
 from train.config import Hardware, ModelConfig
-from ui.owner.config import TetherConfig, load_config, settings_for, write_config
+from ui.owner.config import TetherConfig, read_config, settings_for, write_config
 
 CONFIG_FILE = "tether.toml"
 DATABASE_FILE = "tether.duckdb"
@@ -23,6 +23,7 @@ class Project:
     root: Path
     config: TetherConfig
     profile: str | None = None  # which settings init chose for the hardware; only on a project just created
+    config_text: str | None = None  # tether.toml as `config` was read from it: a changed file is never overwritten
 
     @property
     def database_path(self) -> Path:
@@ -66,4 +67,5 @@ def load_project(root: Path) -> Project:
             f"no Tether project in {root.resolve()} ({CONFIG_FILE} not found): "
             "create one with `tether init DIR`, or point --project / TETHER_PROJECT at one"
         )
-    return Project(root.resolve(), load_config(config_path))
+    config, text = read_config(config_path)
+    return Project(root.resolve(), config, config_text=text)

@@ -18,7 +18,7 @@ from typing import Callable
 from store import Connection, transaction
 from store.db import utcnow
 from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
-from train.files import sync, write_durably
+from train.files import sync, sync_tree, write_durably
 from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
@@ -45,8 +45,12 @@ def register_adapter(con: Connection, project: Project, job: Job, adapter: Path,
         set_aside(final, job_dir)
     write_durably(job_dir / INTENT_FILE, json.dumps({"target": str(target)}))
     fault_point("after_intent")
-    adapter.rename(final)  # the worker built it beside its place and synced it: only its name moves
+    # The worker synced what it built, but the row is this process's promise that the files are
+    # whole: so it makes sure, whatever wrote them, and makes the new names survive a power cut too.
+    sync_tree(adapter)
+    adapter.rename(final)
     sync(final.parent)
+    sync(final.parent.parent)  # the first version of a kind made its directory
     fault_point("after_rename")
     with transaction(con):
         add_rows()

@@ -29,7 +29,7 @@ from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, 
 from store.users import User, get_user, set_password_hash
 from ui.owner import control
 from ui.owner.auth import SignInGuard
-from ui.owner.config import write_config
+from ui.owner.config import ConfigError, set_setting
 from ui.owner.project import CONFIG_FILE, Project
 from ui.owner.recovery import reconcile
 from ui.owner.runner import JobQueue
@@ -52,6 +52,7 @@ class Server:
         self.project = project
         self.con = project.connect()
         self.lock = threading.Lock()
+        self.settings_lock = threading.Lock()  # one change of tether.toml at a time
         released = self.db(release_leases, utcnow())
         if released:
             print(f"released {released} leases left open by the last run")
@@ -150,10 +151,16 @@ class Server:
         return round_.id
 
     def set_schedule(self, every: int) -> None:
-        """Change [round] every_comparisons, now and in tether.toml."""
-        config = self.project.config
-        config.round = dataclasses.replace(config.round, every_comparisons=every)
-        write_config(self.project.root / CONFIG_FILE, config)
+        """Change [round] every_comparisons in tether.toml, its one line, then here."""
+        with self.settings_lock:
+            try:
+                self.project.config_text = set_setting(
+                    self.project.root / CONFIG_FILE, self.project.config_text, "round", "every_comparisons", every
+                )
+            except ConfigError as e:
+                raise Refused(str(e)) from None
+            config = self.project.config
+            config.round = dataclasses.replace(config.round, every_comparisons=every)
 
     def control_action(self, action: str, *args: Any) -> Any:
         """Run one of control.ACTIONS here: for `tether` commands sent to this server, and for the Accounts view.
