@@ -28,7 +28,7 @@ from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
-from store.policies import add_policy, get_policy, policy_versions
+from store.policies import POLICY_JOBS, add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.pref_files import read_preference_file
 from store.rounds import set_policy_to, set_reward_version
@@ -412,11 +412,14 @@ def run_job(
 ) -> Job:
     """Run the worker to its end, following its progress; ingest its result or record its failure.
 
-    `cancelled()` returns why the job must stop now, or None to go on. `command` runs the job
-    directory's worker some other way than [worker] gpus says (worker_command).
+    `cancelled()` returns why the job must stop now, or None to go on. It is asked once more after
+    the worker exits, so a job cancelled as its worker finished is cancelled, its result never
+    taken; a cancel asked for after that finds the job done. `command` runs the job directory's
+    worker some other way than [worker] gpus says (worker_command).
     """
     directory = job_dir(project, job.id)
-    run(start_job, job.id)
+    if not run(start_job, job.id):  # cancelled while it waited in the queue
+        return run(get_job, job.id)
     with (directory / LOG_FILE).open("w") as log:
         # Its own session, so cancelling can kill the worker and anything it started.
         # PYTHONSAFEPATH, inherited by every process accelerate launch starts, keeps the working
@@ -430,8 +433,8 @@ def run_job(
     try:
         record_worker(directory, worker.pid)
         offset = 0
-        while worker.poll() is None:
-            time.sleep(POLL_SECONDS)
+        while True:
+            exited = worker.poll() is not None
             events, offset = read_events(directory, offset)
             progress = [e for e in events if "progress" in e]
             if progress:
@@ -442,6 +445,9 @@ def run_job(
                 _stop(worker)
                 run(finish_job, job.id, "cancelled", utcnow(), reason)
                 return run(get_job, job.id)
+            if exited:
+                break
+            time.sleep(POLL_SECONDS)
     except BaseException:  # whoever catches this fails the job: its worker must not run on unwatched
         _stop(worker)
         raise
@@ -515,7 +521,5 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "generate": ingest_generation,
     "reward_model": ingest_reward_model,
     "score": ingest_scores,
-    "ppo": ingest_policy,
-    "dpo": ingest_policy,
-    "grpo": ingest_policy,
+    **dict.fromkeys(POLICY_JOBS, ingest_policy),
 }
