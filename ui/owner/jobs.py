@@ -5,7 +5,6 @@ events, and ingest its result in one transaction. Used by the app's job queue an
 `Project.run` in the CLI, which opens the database for just that call.
 """
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -42,7 +41,7 @@ from store.reward_models import (
     snapshot_path,
 )
 from train.config import RewardModelConfig
-from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
+from train.jobdir import LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
 from train.snapshot import PreferenceRow, preference_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
@@ -421,14 +420,16 @@ def run_job(
     if not run(start_job, job.id):  # cancelled while it waited in the queue
         return run(get_job, job.id)
     with (directory / LOG_FILE).open("w") as log:
-        # Its own session, so cancelling can kill the worker and anything it started.
+        # Its own session, so cancelling can kill the worker and anything it started. No
+        # preexec_fn: Python code between fork and exec in a threaded server can deadlock, so the
+        # worker itself exits when this process is gone (OWNER_PID_ENV) and lowers its priority.
         # PYTHONSAFEPATH, inherited by every process accelerate launch starts, keeps the working
         # directory off sys.path: a signal.py or json.py where tether was run would otherwise
         # shadow the standard library in the worker.
         worker = subprocess.Popen(
             command or worker_command(directory, project.config.worker.processes()),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
-            env=os.environ | {"PYTHONSAFEPATH": "1"},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | {"PYTHONSAFEPATH": "1", OWNER_PID_ENV: str(os.getpid())},
         )
     try:
         record_worker(directory, worker.pid)
@@ -500,21 +501,6 @@ def _stop(worker: subprocess.Popen) -> None:
     except ProcessLookupError:  # the whole group has exited already
         pass
     worker.wait()
-
-
-WORKER_NICENESS = 10
-
-
-def _prepare_worker() -> None:
-    """In the worker before it starts: die with the owner, and give way to it for the CPU.
-
-    Linux kills a worker whose owner dies, even by kill -9, rather than leave it orphaned. The
-    lower priority matters where the owner is the app: annotators are answered before a
-    training step runs, so their view does not slow while a job trains.
-    """
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.nice(WORKER_NICENESS)
 
 
 INGESTERS: dict[str, Callable[..., None]] = {
