@@ -59,8 +59,9 @@ def next_queued(con: Connection) -> Job | None:
     return _job(row) if row else None
 
 
-def start_job(con: Connection, job_id: int) -> None:
-    con.execute("UPDATE jobs SET status = 'running' WHERE id = ? AND status = 'queued'", [job_id])
+def start_job(con: Connection, job_id: int) -> bool:
+    """Mark a queued job running; False when it is no longer queued (cancelled meanwhile)."""
+    return con.execute("UPDATE jobs SET status = 'running' WHERE id = ? AND status = 'queued'", [job_id]).fetchone()[0] == 1
 
 
 def set_progress(con: Connection, job_id: int, progress: float) -> None:

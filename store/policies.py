@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from store.db import Connection, StoreError, transaction
 from store.rounds import running_round
 
+POLICY_JOBS = ("ppo", "dpo", "grpo")  # the job kinds whose result registers the next policy version
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -40,12 +42,20 @@ class Rollback:
 
 
 def plan_rollback(con: Connection, version: int) -> Rollback:
-    """What rolling back to `version` would register; refused while a round or PPO could add a version of its own."""
+    """What rolling back to `version` would register; refused while a round or a policy job could add a version of its own.
+
+    A cancelled job stays running here until its runner has stopped its worker, so a job that
+    finished as it was cancelled cannot register its version in the middle of a rollback.
+    """
     if (round_ := running_round(con)) is not None:
         raise StoreError(f"round {round_.id} is running: wait for it or cancel it before rolling back")
-    ppo = con.execute("SELECT id FROM jobs WHERE kind = 'ppo' AND status IN ('queued', 'running') ORDER BY id LIMIT 1").fetchone()
-    if ppo is not None:
-        raise StoreError(f"PPO job {ppo[0]} has not finished: wait for it or cancel it before rolling back")
+    job = con.execute(
+        "SELECT id, kind FROM jobs WHERE list_contains(?, kind) AND status IN ('queued', 'running') ORDER BY id LIMIT 1",
+        [list(POLICY_JOBS)],
+    ).fetchone()
+    if job is not None:
+        raise StoreError(f"{job[1].upper()} job {job[0]} has not ended: wait for it, or cancel it and wait until it "
+                         "shows cancelled, before rolling back")
     to, newest = get_policy(con, version), get_policy(con, None)
     if to.version == newest.version:
         raise StoreError(f"v{version} is already the newest policy: rounds start from it")

@@ -22,6 +22,8 @@ JOB_FILE = "job.json"
 EVENTS_FILE = "events.jsonl"
 LOG_FILE = "worker.log"
 RESULT_FILE = "result.json"
+# The environment variable that names the process that started the worker: the worker exits when that process is gone.
+OWNER_PID_ENV = "TETHER_OWNER_PID"
 
 
 class JobDirError(Exception):

@@ -11,11 +11,17 @@ runs this same code on its share: generation and scoring split the prompts, rewa
 training and PPO split each batch (train.distributed). Only the first process writes events,
 artifacts and result.json, and only once every process has finished; a process that fails makes
 `accelerate launch` stop the others and exit non-zero, so the job fails.
+
+Every worker process exits when the process that started the job (the app or a `tether`
+command, named by TETHER_OWNER_PID) is gone, even by kill -9, rather than train on unwatched.
 """
 
 import dataclasses
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +31,7 @@ import pyarrow.parquet as pq
 from train import distributed
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
-from train.jobdir import Events, input_path, read_job, write_result
+from train.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
 from train.snapshot import read_preferences
 
 
@@ -241,10 +247,50 @@ RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
 }
 
 
+# The worker gives way to its owner for the CPU: where the owner is the app, annotators are answered
+# before a training step runs, so their view does not slow while a job trains.
+NICENESS = 10
+OWNER_POLL_SECONDS = 0.5
+
+
+def exit_with_owner(owner: int) -> None:
+    """Exit as soon as process `owner` is no longer an ancestor of this one: it has ended, and this process was
+    handed to another parent. The owner is the parent, or under `accelerate launch` the launcher's parent.
+
+    A thread that looks, because the kernel's parent-death signal (prctl) covers a direct parent
+    only, and setting it between fork and exec in the owner (preexec_fn) can deadlock a threaded
+    server. Looking at the ancestors rather than at a pid's liveness is safe from pid reuse, and
+    the first look also catches an owner that died before this process started.
+    """
+    def watch() -> None:
+        while owner in _ancestors():
+            time.sleep(OWNER_POLL_SECONDS)
+        print(f"error: the process that started this job ({owner}) is gone: stopping", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _ancestors() -> list[int]:
+    """The pids of this process's parent, its parent's parent, and so on."""
+    found, pid = [], os.getppid()
+    while pid > 0:
+        found.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # it ended while we looked
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's pid, after the command name, which may hold ")"
+    return found
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(argv) == 2 else 2)
+    if owner := os.environ.get(OWNER_PID_ENV):
+        exit_with_owner(int(owner))
+    os.nice(NICENESS)
     job_dir = Path(argv[1])
     job = read_job(job_dir)
     events = Events(job_dir, enabled=distributed.is_main())

@@ -3,7 +3,10 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 from contextlib import closing
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -11,8 +14,10 @@ from gradio_client import Client
 
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, wait_for, worker_pids
-from train.jobdir import JobDirError, read_job, write_job
-from ui.owner.jobs import WORKER_NICENESS
+from train.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
+from train.worker import NICENESS
+from ui.owner.jobs import job_dir, submit_generation
+from ui.owner.project import load_project
 
 PASSWORD = "password-123"
 
@@ -58,7 +63,7 @@ def test_killing_the_worker_fails_the_job_with_its_log_while_annotators_carry_on
 
         [pid] = worker_pids(slow_project, 1)
         # The worker gives way to the server for the CPU: annotators come first.
-        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, server.process.pid) + WORKER_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, server.process.pid) + NICENESS)
         os.kill(pid, signal.SIGKILL)
         failed = wait_for(lambda: (row := job_row(operator, 1))[2] == "failed" and row)
         assert "the worker exited with code -9" in failed[7]
@@ -88,6 +93,63 @@ def test_an_operator_cancels_a_running_job_and_its_worker_stops(slow_project):
     finally:
         server.stop()
     assert completions(slow_project) == before
+
+
+def test_a_worker_runs_in_its_own_session_and_dies_with_a_server_killed_by_kill_9(slow_project):
+    server = RunningServer(slow_project)
+    try:
+        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator.predict(28, 4, api_name="/generate")
+        wait_for(lambda: percent(job_row(operator, 1)[3]) > 0)  # the worker is at work
+        [pid] = worker_pids(slow_project, 1)
+        assert os.getsid(pid) == pid  # its own session: a cancel kills it and all it started
+    finally:
+        server.crash()
+    wait_for(lambda: not worker_pids(slow_project, 1), seconds=10)
+
+
+def queue_generation(project_dir: Path) -> Path:
+    """A slow generation job queued and not run: its directory."""
+    project = load_project(project_dir)
+    return job_dir(project, submit_generation(project, project.run, None, 4).id)
+
+
+# The app's part of running a job, in a process of its own, so that the test can kill it: run_job
+# starts the worker under `accelerate launch`, as it does for [worker] gpus over 1, with one process.
+OWNER = """
+import sys
+from pathlib import Path
+from store.jobs import get_job
+from ui.owner.jobs import run_job
+from ui.owner.project import load_project
+project = load_project(Path(sys.argv[1]))
+launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "train.worker", sys.argv[2]]
+run_job(project, project.run, project.run(get_job, 1), command=launch)
+"""
+
+
+def test_a_worker_under_a_launcher_dies_with_the_process_that_started_the_job(slow_project):
+    directory = queue_generation(slow_project)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(slow_project), str(directory)])
+    try:
+        wait_for(lambda: any("progress" in e for e in read_events(directory, 0)[0]))  # the worker is at work
+        assert len(worker_pids(slow_project, 1)) == 2  # the launcher, and the worker it started
+    finally:
+        owner.kill()
+        owner.wait()
+    wait_for(lambda: not worker_pids(slow_project, 1), seconds=10)
+    assert "the process that started this job" in (directory / "worker.log").read_text()
+
+
+def test_a_worker_whose_owner_is_gone_before_it_starts_stops_at_once(slow_project):
+    directory = queue_generation(slow_project)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    worker = subprocess.run([sys.executable, "-m", "train.worker", str(directory)], capture_output=True, text=True,
+                            env=os.environ | {OWNER_PID_ENV: str(gone.pid)}, timeout=60)
+    assert worker.returncode == 1 and f"the process that started this job ({gone.pid}) is gone" in worker.stderr
+    assert not (directory / RESULT_FILE).exists()
 
 
 def test_a_failing_worker_is_reported_by_the_cli_with_its_log(tiny_project, tmp_path):

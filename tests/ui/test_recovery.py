@@ -5,10 +5,12 @@ ingest step, where the process kills itself as kill -9 would; the next command i
 """
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import closing
 from pathlib import Path
@@ -16,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from store import open_database
-from store.jobs import get_job
+from store.jobs import add_job, get_job
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings, toy_preferences
 from ui.web.app import Server
 from ui.owner import recovery
 from ui.owner.jobs import job_dir, run_job, submit_reward_training
-from ui.owner.project import load_project
-from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV
+from ui.owner.project import init_project, load_project
+from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV, record_worker
 
 INGEST_STEPS = ["after_intent", "after_rename", "before_commit", "after_commit"]
 
@@ -194,3 +196,47 @@ def test_at_start_a_job_whose_worker_is_gone_is_failed_and_processes_it_left_are
     assert f"killed process {stray.pid}, left over from job {job_id}" in printed
     assert "marked 1 job failed: the process running it stopped" in printed
     assert rows(project, f"SELECT status, error FROM jobs WHERE id = {job_id}") == [("failed", "the process running it stopped")]
+
+
+# Starts the server as another user: imports as root (the interpreter lies under root's home), then gives up root.
+START_AS = """
+import os, sys
+from pathlib import Path
+from ui.owner.project import load_project
+from ui.owner.server import Server
+project = load_project(Path(sys.argv[1]))
+os.setgroups([])
+os.setgid(int(sys.argv[3]))
+os.setuid(int(sys.argv[2]))
+Server(project).close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run processes as two users")
+def test_processes_of_another_user_never_stop_the_server_starting_and_are_left_alone():
+    """The server runs as nobody; its job's recorded worker pid now belongs to root's init, and a process of root's
+    names the job's directory: neither is taken for the worker, the job is failed, and nothing is killed."""
+    nobody = pwd.getpwnam("nobody")
+    home = Path(tempfile.mkdtemp(prefix="tether-other-user-"))  # outside pytest's directories, which only root may enter
+    try:
+        project = init_project(home / "project", "a-model-nobody-loads")
+        job = project.run(add_job, "generate", {}, None)
+        project.run(lambda con: con.execute("UPDATE jobs SET status = 'running' WHERE id = ?", [job.id]))
+        directory = job_dir(project, job.id)
+        directory.mkdir(parents=True)
+        record_worker(directory, 1)  # the pid its worker had, now init's
+        for path in [home, *home.rglob("*")]:
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        someone_elses = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(directory)])
+        try:
+            started = subprocess.run([sys.executable, "-c", START_AS, str(project.root), str(nobody.pw_uid), str(nobody.pw_gid)],
+                                     capture_output=True, text=True, timeout=120)
+            assert started.returncode == 0, started.stderr
+            assert someone_elses.poll() is None  # left alone
+        finally:
+            someone_elses.kill()
+        assert "marked 1 job failed: the process running it stopped" in started.stdout
+        assert "killed process" not in started.stdout
+        assert project.run(get_job, job.id).status == "failed"
+    finally:
+        shutil.rmtree(home)

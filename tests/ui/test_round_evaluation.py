@@ -207,7 +207,7 @@ def test_a_version_registered_while_the_adapter_was_copied_fails_the_rollback_an
 
     with pytest.raises(StoreError, match="the policies changed while the adapter was copied"):
         roll_back(project, run, 1)
-    assert calls == ["plan_rollback"]  # the registration raised
+    assert calls == ["plan_rollback", "_remove_copy"]  # the registration raised
     assert sorted(p.name for p in (project.root / "policies").iterdir()) == ["v1", "v2"]
     with closing(project.connect()) as con:
         assert con.execute("SELECT version, adapter_path FROM policies WHERE version > 2").fetchall() == [(3, "policies/ppo-v3")]

@@ -5,7 +5,6 @@ events, and ingest its result in one transaction. Used by the app's job queue an
 `Project.run` in the CLI, which opens the database for just that call.
 """
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -28,7 +27,7 @@ from store import Connection, StoreError, transaction
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
-from store.policies import add_policy, get_policy, policy_versions
+from store.policies import POLICY_JOBS, add_policy, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.pref_files import read_preference_file
 from store.rounds import set_policy_to, set_reward_version
@@ -42,7 +41,7 @@ from store.reward_models import (
     snapshot_path,
 )
 from train.config import RewardModelConfig
-from train.jobdir import LOG_FILE, input_path, log_tail, read_events, read_job, read_result, write_job
+from train.jobdir import LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
 from train.snapshot import PreferenceRow, preference_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
@@ -413,26 +412,31 @@ def run_job(
 ) -> Job:
     """Run the worker to its end, following its progress; ingest its result or record its failure.
 
-    `cancelled()` returns why the job must stop now, or None to go on. `command` runs the job
-    directory's worker some other way than [worker] gpus says (worker_command).
+    `cancelled()` returns why the job must stop now, or None to go on. It is asked once more after
+    the worker exits, so a job cancelled as its worker finished is cancelled, its result never
+    taken; a cancel asked for after that finds the job done. `command` runs the job directory's
+    worker some other way than [worker] gpus says (worker_command).
     """
     directory = job_dir(project, job.id)
-    run(start_job, job.id)
+    if not run(start_job, job.id):  # cancelled while it waited in the queue
+        return run(get_job, job.id)
     with (directory / LOG_FILE).open("w") as log:
-        # Its own session, so cancelling can kill the worker and anything it started.
+        # Its own session, so cancelling can kill the worker and anything it started. No
+        # preexec_fn: Python code between fork and exec in a threaded server can deadlock, so the
+        # worker itself exits when this process is gone (OWNER_PID_ENV) and lowers its priority.
         # PYTHONSAFEPATH, inherited by every process accelerate launch starts, keeps the working
         # directory off sys.path: a signal.py or json.py where tether was run would otherwise
         # shadow the standard library in the worker.
         worker = subprocess.Popen(
             command or worker_command(directory, project.config.worker.processes()),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_prepare_worker,
-            env=os.environ | {"PYTHONSAFEPATH": "1"},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | {"PYTHONSAFEPATH": "1", OWNER_PID_ENV: str(os.getpid())},
         )
     try:
         record_worker(directory, worker.pid)
         offset = 0
-        while worker.poll() is None:
-            time.sleep(POLL_SECONDS)
+        while True:
+            exited = worker.poll() is not None
             events, offset = read_events(directory, offset)
             progress = [e for e in events if "progress" in e]
             if progress:
@@ -443,6 +447,9 @@ def run_job(
                 _stop(worker)
                 run(finish_job, job.id, "cancelled", utcnow(), reason)
                 return run(get_job, job.id)
+            if exited:
+                break
+            time.sleep(POLL_SECONDS)
     except BaseException:  # whoever catches this fails the job: its worker must not run on unwatched
         _stop(worker)
         raise
@@ -497,26 +504,9 @@ def _stop(worker: subprocess.Popen) -> None:
     worker.wait()
 
 
-WORKER_NICENESS = 10
-
-
-def _prepare_worker() -> None:
-    """In the worker before it starts: die with the owner, and give way to it for the CPU.
-
-    Linux kills a worker whose owner dies, even by kill -9, rather than leave it orphaned. The
-    lower priority matters where the owner is the app: annotators are answered before a
-    training step runs, so their view does not slow while a job trains.
-    """
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.nice(WORKER_NICENESS)
-
-
 INGESTERS: dict[str, Callable[..., None]] = {
     "generate": ingest_generation,
     "reward_model": ingest_reward_model,
     "score": ingest_scores,
-    "ppo": ingest_policy,
-    "dpo": ingest_policy,
-    "grpo": ingest_policy,
+    **dict.fromkeys(POLICY_JOBS, ingest_policy),
 }

@@ -85,7 +85,10 @@ def reconcile(con: Connection, project: Project) -> list[str]:
     for job_id in set(running) - set(alive):
         # A worker dies with its owner, but the processes a multi-GPU launcher started may not.
         for pid in stray_processes(jobs_root / str(job_id)):
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # it ended, or is not ours after all: nothing to stop
+                continue
             report.append(f"killed process {pid}, left over from job {job_id}")
     if failed := fail_interrupted(con, utcnow(), keep=alive):
         report.append(f"marked {failed} job{'s' if failed > 1 else ''} failed: the process running it stopped")
@@ -110,23 +113,28 @@ def record_worker(job_dir: Path, pid: int) -> None:
 
 
 def worker_alive(job_dir: Path) -> bool:
-    """Whether the worker this job directory records still runs (its command line names the directory)."""
+    """Whether the worker this job directory records still runs: a process of ours whose command line names the directory."""
     try:
         pid = int((job_dir / WORKER_PID_FILE).read_text())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False
-    return str(job_dir).encode() in command
+    return names_job(pid, job_dir)
 
 
 def stray_processes(job_dir: Path) -> list[int]:
-    """Processes whose command line names this job directory: its worker and anything that worker started."""
-    strays = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(job_dir).encode() in cmdline.read_bytes().split(b"\0"):
-                strays.append(int(cmdline.parent.name))
-        except OSError:  # it ended while we looked
-            continue
-    return strays
+    """Processes of ours whose command line names this job directory: its worker and anything that worker started."""
+    return [int(process.name) for process in Path("/proc").glob("[0-9]*") if names_job(int(process.name), job_dir)]
+
+
+def names_job(pid: int, job_dir: Path) -> bool:
+    """Whether process `pid` runs as this process's user and names the job directory on its command line.
+
+    A process of another user is never a worker this project started, even where it names the
+    directory (someone reading its log) or has the pid a worker had: it is left alone.
+    """
+    process = Path(f"/proc/{pid}")
+    try:
+        return process.stat().st_uid == os.geteuid() and str(job_dir).encode() in (process / "cmdline").read_bytes().split(b"\0")
+    except OSError:  # it ended while we looked, or we may not read it
+        return False
 

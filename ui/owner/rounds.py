@@ -11,6 +11,7 @@ When people rate a new version below the one it started from, `roll_back` regist
 a better one as the newest version, so the next round starts from it.
 """
 
+import os
 import re
 import shutil
 import time
@@ -20,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from annotate.ratings import Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, length_controlled
-from store import StoreError
+from store import Connection, StoreError
 from store.db import utcnow
 from store.jobs import Job, job_metrics, metric_series, round_jobs
 from store.completions import completions_of, paired_texts
-from store.policies import Policy, add_rollback, get_policy, plan_rollback, policy_versions
+from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import Round, add_round, finish_round, get_round, list_rounds
@@ -35,7 +36,6 @@ from ui.owner.jobs import Run, is_held_back, run_here, submit_dpo, submit_genera
 from ui.owner.project import Project
 
 STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
-POLICY_JOBS = ("ppo", "dpo", "grpo")  # the jobs that train a round's new policy
 SUBMIT_AFTER_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo, "dpo": submit_dpo}
 
 
@@ -301,24 +301,39 @@ def roll_back(project: Project, run: Run, version: int) -> Policy:
     plan = run(plan_rollback, version)
     if plan.to.adapter_path is None:  # the starting model: nothing to copy
         return run(add_rollback, plan, None)
-    target = Path("policies") / f"v{plan.version}"
-    _copy_atomically(project.root / plan.to.adapter_path, project.root / target)
+    target = project.root / "policies" / f"v{plan.version}"
+    copy = _copy_atomically(project.root / plan.to.adapter_path, target)
     try:
-        return run(add_rollback, plan, str(target))
+        return run(add_rollback, plan, str(target.relative_to(project.root)))
     except BaseException:
-        shutil.rmtree(project.root / target, ignore_errors=True)
+        run(_remove_copy, target, copy)
         raise
 
 
-def _copy_atomically(source: Path, target: Path) -> None:
-    """Copy a directory to `target`, built beside it and renamed into place: `target` is whole or absent."""
+def _copy_atomically(source: Path, target: Path) -> os.stat_result:
+    """Copy a directory to `target`, built beside it and renamed into place: `target` is whole or absent. Returns the
+    copy's identity, which stays with it wherever it is moved."""
     if target.exists():
         raise StoreError(f"{target} exists already: move it away, then roll back again")
     try:
         with built_beside(target) as built:
             shutil.copytree(source, built)
+        return target.stat()
     except OSError as e:
         raise StoreError(f"cannot copy the adapter {source} to {target}: {e}") from None
+
+
+def _remove_copy(con: Connection, target: Path, copy: os.stat_result) -> None:
+    """Remove a rollback's copy that was not registered, if it is still at `target`.
+
+    A job's ingest that registered the same version meanwhile has set the copy aside and put its
+    own adapter there, which must stay. Run as the writer, so no ingest moves either meanwhile.
+    """
+    try:
+        if os.path.samestat(target.stat(), copy):
+            shutil.rmtree(target)
+    except FileNotFoundError:
+        pass
 
 
 def _mean_length(completions: list[tuple[int | None, str]]) -> float | None:
