@@ -112,16 +112,16 @@ def free_port() -> int:
 
 
 class RunningServer:
-    """A real `tether serve` in a child process on 127.0.0.1."""
+    """A real `tether serve` in a child process, on 127.0.0.1 unless another address is given."""
 
-    def __init__(self, project: Path, log_dir: Path | None = None):
+    def __init__(self, project: Path, log_dir: Path | None = None, host: str = "127.0.0.1"):
         self.project = project
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.url = f"http://{host}:{self.port}/"
         self.log = (log_dir or project) / f"serve-{self.port}.log"
         tether = Path(sys.executable).parent / "tether"
         self.process = subprocess.Popen(
-            [str(tether), "serve", "--project", str(project), "--port", str(self.port)],
+            [str(tether), "serve", "--project", str(project), "--host", host, "--port", str(self.port)],
             stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60

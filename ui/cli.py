@@ -423,7 +423,7 @@ def list_users_command(project_dir: Path):
 @click.argument("name")
 @project_option
 def disable_user_command(name: str, project_dir: Path):
-    """Stop an account from signing in; its open sessions are refused from their next request.
+    """Stop an account from signing in; its open sessions end at once.
 
     \b
     Example:

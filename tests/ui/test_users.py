@@ -117,8 +117,7 @@ def test_users_commands_go_through_a_running_server_and_every_change_is_logged(t
         assert (sign_in(server.url, "carol", "first password"), sign_in(server.url, "carol", "second password")) == (400, 200)
         open_session = signed_in(server.url, "carol", "second password")
         assert tether("users", "disable", "carol").returncode == 0
-        refused = open_session.post("gradio_api/call/next_pair", json={"data": []}).json()["event_id"]
-        assert "This account is disabled" in open_session.get(f"gradio_api/call/next_pair/{refused}").text
+        assert next_pair_status(open_session, server.url) == 401  # a disable ends them too
         assert sign_in(server.url, "carol", "second password") == 400
         refused = tether("users", "disable", "carol")
         assert refused.returncode == 1 and "carol is disabled already" in refused.stderr

@@ -6,9 +6,10 @@ import hashlib
 import hmac
 import secrets
 import sys
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from functools import cache
 
@@ -75,6 +76,51 @@ class ClientAddress:
         if scope["type"] == "http" and scope.get("client"):
             client_address.set(scope["client"][0])
         await self.app(scope, receive, send)
+
+
+class Sessions(MutableMapping[str, str]):
+    """The web server's session cookies and their account names (Gradio keeps them as its app's `tokens`).
+
+    Each ends `max_age` seconds after its sign-in: from then on it is as if it had never been.
+    A sign-in sweeps out those that ended, so the table holds only the live ones and the latest.
+    """
+
+    def __init__(self, max_age: float):
+        self.max_age = max_age
+        self._sessions: dict[str, tuple[str, float]] = {}  # token: account, signed in at
+        self._lock = threading.Lock()  # Gradio's event loop signs in; the account views' threads end sessions
+
+    def _live(self, signed_in_at: float) -> bool:
+        return time.monotonic() - signed_in_at < self.max_age
+
+    def __getitem__(self, token: str) -> str:
+        with self._lock:
+            account, signed_in_at = self._sessions[token]
+            if not self._live(signed_in_at):
+                del self._sessions[token]
+                raise KeyError(token)
+            return account
+
+    def __setitem__(self, token: str, account: str) -> None:
+        with self._lock:
+            self._sessions = {t: s for t, s in self._sessions.items() if self._live(s[1])}
+            self._sessions[token] = account, time.monotonic()
+
+    def __delitem__(self, token: str) -> None:
+        with self._lock:
+            del self._sessions[token]
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            return iter([t for t, (_, signed_in_at) in self._sessions.items() if self._live(signed_in_at)])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def end(self, account: str) -> None:
+        """End every session of this account, as Gradio's own log-out from all sessions does."""
+        with self._lock:
+            self._sessions = {t: s for t, s in self._sessions.items() if s[0] != account}
 
 
 @dataclass

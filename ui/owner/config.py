@@ -25,6 +25,9 @@ Choose the response that is more helpful, honest and harmless.
 Add a strength when the difference is large, and a comment when something stands out."""
 
 
+ORIGIN = re.compile(r"https?://[^/\s]+")  # what a browser sends as Origin: no path, no trailing slash
+
+
 class ConfigError(Exception):
     """A tether.toml that cannot be used, told in one line naming the file and key."""
 
@@ -73,6 +76,18 @@ class ServerConfig:
         default=600, metadata={"help": "How long an export's file is kept for download before the server removes it; all of them go "
                           "when the server stops."},
     )
+    session_hours: float = field(
+        default=12.0, metadata={"help": "How long a sign-in lasts: after this many hours the browser's session ends and its "
+                          "account signs in again. Disabling an account or setting its password ends its sessions at once."},
+    )
+    trusted_origins: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Other sites whose pages may send changes to the app, such as \"https://tether.example.org\" (scheme "
+                          "and host, and the port unless the default). The app refuses a change (a vote, an upload, any "
+                          "operator action) sent by a page on another site than the one it is served at, which it reads "
+                          "from the request's Host header; behind a reverse proxy that rewrites Host, list the public "
+                          "address here, or have the proxy pass Host on."},
+    )
 
     def __post_init__(self):
         for name in ("sign_in_attempts", "sign_in_attempts_per_address"):
@@ -87,6 +102,12 @@ class ServerConfig:
             raise ValueError(f"max_request_kb must be 1 or more, got {self.max_request_kb}")
         if self.export_seconds < 1:
             raise ValueError(f"export_seconds must be 1 or more, got {self.export_seconds}")
+        if self.session_hours <= 0:
+            raise ValueError(f"session_hours must be over 0, got {self.session_hours}")
+        for origin in self.trusted_origins:
+            if not ORIGIN.fullmatch(origin):
+                raise ValueError(f"trusted_origins must hold origins such as \"https://tether.example.org\": a scheme and a "
+                                 f"host, with a port if need be, and no path; got {origin!r}")
         if not 0 < self.lockout_seconds <= self.max_lockout_seconds:
             raise ValueError(f"lockout_seconds must be over 0 and at most max_lockout_seconds, got {self.lockout_seconds}")
 
@@ -176,7 +197,8 @@ class TetherConfig:
     )
     queue: QueueConfig = field(default_factory=QueueConfig, metadata={"help": "Which pair each annotator is served next."})
     server: ServerConfig = field(
-        default_factory=ServerConfig, metadata={"help": "The annotation app: guidelines, sign-in limits, uploads and exports."},
+        default_factory=ServerConfig,
+        metadata={"help": "The annotation app: guidelines, sign-in limits and sessions, uploads and exports, trusted sites."},
     )
     reward_model: RewardModelConfig = field(
         default_factory=RewardModelConfig, metadata={"help": "The LoRA Bradley-Terry reward model trained on the votes."},
@@ -271,6 +293,8 @@ def _section(path: Path, name: str, cls: type, values: dict[str, Any]) -> Any:
 def _has_type(value: Any, hint: Any) -> bool:
     if isinstance(hint, types.UnionType):
         return any(_has_type(value, option) for option in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_has_type(item, typing.get_args(hint)[0]) for item in value)
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
@@ -279,6 +303,8 @@ def _has_type(value: Any, hint: Any) -> bool:
 
 
 def _type_label(hint: Any) -> str:
+    if typing.get_origin(hint) is list:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
     options = [o for o in typing.get_args(hint) if o is not type(None)] if isinstance(hint, types.UnionType) else [hint]
     return " or ".join({str: "text", int: "a whole number", float: "a number", bool: "true or false"}[o] for o in options)
 
@@ -333,8 +359,8 @@ def set_setting(path: Path, read: str, section: str, key: str, value: Any) -> st
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (str, list)):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string, or list of them, is valid TOML
     return repr(value)
 
 
@@ -392,6 +418,8 @@ def settings_reference(section: str | None = None, width: int = 96) -> str:
 
 
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is list:
+        return f"list of {_type_name(typing.get_args(hint)[0])}"
     names = {str: "text", int: "integer", float: "number", bool: "true or false"}
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     name = " or ".join(names[o] for o in options if o is not type(None))

@@ -9,6 +9,7 @@ connection. With no server running they open the database themselves and run the
 
 import asyncio
 import getpass
+import ipaddress
 import json
 import os
 import secrets
@@ -115,13 +116,30 @@ def withdraw(project: Project) -> None:
         pass
 
 
+def from_this_machine(client: str | None, local: str | None) -> bool:
+    """Whether a connection's client address is this machine's own: a loopback address, or the address it came in on.
+
+    The second is how `tether` commands reach a server listening on one outside address only; no
+    other machine can complete a connection from an address of ours. A reverse proxy on this
+    machine must name its client (X-Forwarded-For), as it must for the sign-in limits.
+    """
+    try:
+        address = ipaddress.ip_address(client or "")
+    except ValueError:
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 on a dual-stack socket
+    return address.is_loopback or client == local
+
+
 def routes(server: Any) -> list:
-    """The server's end: one POST route that checks the token and runs the action."""
+    """The server's end: one POST route, for this machine only, that checks the token and runs the action."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     async def control(request: Request) -> JSONResponse:
+        if not from_this_machine(request.client and request.client.host, (request.scope.get("server") or (None,))[0]):
+            return JSONResponse({"error": "the control route answers this machine only"}, status_code=403)
         given = request.headers.get("authorization", "").removeprefix("Bearer ")
         if not secrets.compare_digest(given.encode(), server.control_token.encode()):
             return JSONResponse({"error": "not allowed"}, status_code=403)

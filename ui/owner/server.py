@@ -28,7 +28,7 @@ from store.queue import release_leases
 from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
 from store.users import User, get_user, set_password_hash
 from ui.owner import control
-from ui.owner.auth import SignInGuard
+from ui.owner.auth import Sessions, SignInGuard
 from ui.owner.config import ConfigError, set_setting
 from ui.owner.project import CONFIG_FILE, Project
 from ui.owner.recovery import reconcile
@@ -65,7 +65,7 @@ class Server:
         self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))
         self.sign_in = SignInGuard(self._password_hash, self._replace_hash, project.config.server.sign_in_limits())
         self.control_token = secrets.token_urlsafe(32)  # what `tether` commands show to act through this server
-        self.sessions: dict[str, str] = {}  # the web server's session cookies and their account names, once serving
+        self.sessions = Sessions(project.config.server.session_hours * 3600)  # the web server's, once serving
         self.users: dict[str, User] = {}  # accounts met so far; an account's change drops it (account_changed)
         self.jobs = JobQueue(project, self.db, self.snapshot, on_done=self._job_done)
         self.jobs.start()
@@ -191,21 +191,16 @@ class Server:
         return out
 
     def account_changed(self, name: str) -> None:
-        """After a new password or a disable: the account must sign in again wherever it is signed in.
+        """After a new password, a disable or an enable: the account must sign in again wherever it is signed in.
 
-        Its sessions end (as Gradio's own log-out from all sessions does) once it is enabled; while
-        it is disabled they are kept, so that each request from them is refused with the reason.
+        Its sessions end, for Gradio's own routes (uploads, downloads) as for Tether's; a call
+        already on its way when it was disabled is refused with the reason (`user`).
         """
+        self.sessions.end(name)
         self.users.pop(name, None)
         user = self.db(get_user, name)
-        if user is None:
-            return
-        if user.disabled:  # its leases ended in the database; here too, so its pairs are served to others
+        if user is not None and user.disabled:  # its leases ended in the database; here too, so its pairs are served to others
             self.db(lambda con: self.queue.release(name, utcnow()))
-            return
-        for token, account in list(self.sessions.items()):
-            if account == name:
-                self.sessions.pop(token, None)
 
     def _password_hash(self, name: str) -> str | None:
         user = self.db(get_user, name)

@@ -37,7 +37,7 @@ def build_accounts(server: Server) -> None:
             raise refused("You cannot disable your own account.")
         with user_errors():
             server.control_action("set_disabled", name.strip(), True, operator.name)
-        return changed(f"Disabled {name.strip()}: its open sessions are refused from now on.", request)
+        return changed(f"Disabled {name.strip()}: its open sessions have ended.", request)
 
     @with_error_ids
     def enable_account(name: str, request: gr.Request) -> tuple:

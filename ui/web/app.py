@@ -4,11 +4,12 @@ Each view is a module of its own beside this one, with its handlers above its la
 handlers call the database's owner, `ui.owner.server.Server`, which alone reads and writes.
 """
 
+import os
 import signal
+from contextlib import asynccontextmanager
 from typing import Any
 
 import gradio as gr
-from gradio.route_utils import API_PREFIX
 from starlette.middleware import Middleware
 
 from ui.owner import control
@@ -21,12 +22,14 @@ from ui.web.common import with_error_ids
 from ui.web.data import build_data
 from ui.web.export import build_export
 from ui.web.generate import build_generate
+from ui.web.guard import BodyLimit, OperatorUploads, SameOrigin
 from ui.web.jobs import build_jobs
 from ui.web.loop import build_loop
 from ui.web.prompts import build_prompts
 from ui.web.reward_models import build_reward_models
 
 DATA_REFRESH_SECONDS = 10
+GRADIO_FILES = "gradio-files"  # the project's folder for Gradio's uploads and downloads, its owner's alone
 
 
 def build_app(server: Server) -> gr.Blocks:
@@ -57,43 +60,6 @@ def build_app(server: Server) -> gr.Blocks:
     return app
 
 
-class BodyLimit:
-    """ASGI middleware that refuses a request whose body is over `limit` bytes (413), but for Gradio's
-    upload route, which has its own limit (max_file_size). The body is read before the app sees it,
-    which costs nothing at this size, so a body sent in chunks with no Content-Length is held to it too."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"].rstrip("/") == f"{API_PREFIX}/upload":
-            return await self.app(scope, receive, send)
-        declared = int(dict(scope["headers"]).get(b"content-length", 0))  # uvicorn has checked it is a number
-        body, more = b"", declared <= self.limit
-        while more and len(body) <= self.limit:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        if max(declared, len(body)) > self.limit:
-            text = f"The request is over [server] max_request_kb ({self.limit // 1024} KiB).".encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(text)).encode())]})
-            await send({"type": "http.response.body", "body": text})
-            return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: what comes next, a disconnect
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-
 def _stop(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # Gradio shuts down cleanly on it
 
@@ -102,15 +68,26 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
     """Serve the app for this server's project; it blocks until stopped unless prevent_thread_lock."""
     app = build_app(server)
     app.queue(default_concurrency_limit=64)
-    config = server.project.config.server
+    settings = server.project.config.server
+
+    @asynccontextmanager
+    async def guarded(gradio_app: Any):
+        """At start, before the first request is taken: sessions that end, and SameOrigin around Gradio's CORS layer."""
+        gradio_app.middleware_stack = SameOrigin(gradio_app.middleware_stack, settings.trusted_origins)
+        gradio_app.tokens = server.sessions
+        yield
+
     app.launch(
         server_name=host, server_port=port, auth=server.sign_in.check, auth_message="Sign in to Tether.",
         footer_links=[], ssr_mode=False, head=KEYS_JS, css=CSS, show_error=True, max_threads=80,
-        max_file_size=int(config.max_upload_mb * 2**20), prevent_thread_lock=True,
-        app_kwargs={"middleware": [Middleware(ClientAddress), Middleware(BodyLimit, limit=config.max_request_kb * 1024)],
-                    "routes": control.routes(server)},
+        max_file_size=int(settings.max_upload_mb * 2**20), prevent_thread_lock=True,
+        app_kwargs={"middleware": [Middleware(ClientAddress), Middleware(BodyLimit, limit=settings.max_request_kb * 1024),
+                                   Middleware(OperatorUploads, server=server)],
+                    "routes": control.routes(server), "lifespan": guarded},
     )
-    server.sessions = app.server_app.tokens
+    if app.server_app.tokens is not server.sessions:  # uvicorn serves on, unguarded, when a lifespan fails
+        app.close()
+        raise RuntimeError("the app could not install its request checks, so it does not serve")
     control.announce(server.project, app.local_url, server.control_token)
     if not prevent_thread_lock:
         app.block_thread()
@@ -118,6 +95,12 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
 
 
 def run(project: Project, host: str, port: int) -> None:
+    # What the server writes (the database's new files, jobs, uploads, exports) is its owner's alone.
+    os.umask(0o077)
+    gradio_files = project.root / GRADIO_FILES
+    gradio_files.mkdir(mode=0o700, exist_ok=True)
+    gradio_files.chmod(0o700)  # one made before, by hand, may be open to others
+    os.environ["GRADIO_TEMP_DIR"] = str(gradio_files)  # read as the app is built, not when gradio is imported
     # SIGTERM (service managers, `kill`) stops the app as Ctrl-C does; a background process
     # started by a script ignores SIGINT, so it is restored too.
     signal.signal(signal.SIGTERM, _stop)
