@@ -149,6 +149,7 @@ def test_which_client_addresses_are_this_machines(client, local, answered):
 
 
 def test_the_server_writes_files_for_its_owner_alone_and_gradios_under_the_project(project, tmp_path):
+    project.chmod(0o755)  # as a plain mkdir makes it: the database, with its password hashes, open to other users
     before = set(project.rglob("*"))
     server = RunningServer(project, log_dir=tmp_path)
     try:
@@ -166,6 +167,7 @@ def test_the_server_writes_files_for_its_owner_alone_and_gradios_under_the_proje
         server.stop()
     assert {p.name for p in modes} >= {"gradio-files", "prompts.jsonl", "preferences.jsonl", "job.json", "completions.parquet"}
     assert {str(p): oct(mode) for p, mode in modes.items() if mode & 0o077} == {}
+    assert project.stat().st_mode & 0o777 == 0o700  # what was there before, the database too, is closed to others
 
 
 def test_the_new_server_settings_read_back_and_bad_values_are_named(tmp_path):

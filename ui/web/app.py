@@ -95,8 +95,10 @@ def launch(server: Server, host: str, port: int, prevent_thread_lock: bool = Fal
 
 
 def run(project: Project, host: str, port: int) -> None:
-    # What the server writes (the database's new files, jobs, uploads, exports) is its owner's alone.
+    # What the server writes (the database's new files, jobs, uploads, exports) is its owner's alone,
+    # and so is what was there before: the database holds the password hashes.
     os.umask(0o077)
+    project.root.chmod(0o700)
     gradio_files = project.root / GRADIO_FILES
     gradio_files.mkdir(mode=0o700, exist_ok=True)
     gradio_files.chmod(0o700)  # one made before, by hand, may be open to others
