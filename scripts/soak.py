@@ -136,7 +136,7 @@ class ServeProcess:
         self.process.wait()
         with self.log.open("a") as log:
             log.write(f"\n---- soak: killed with SIGKILL at {time.strftime('%H:%M:%S')} ----\n")
-        # Workers die with the server (PR_SET_PDEATHSIG in ui/jobs.py), a moment later. One that
+        # Workers die with the server (train.worker.exit_with_owner), within a second. One that
         # lives on would keep its job 'running' after the restart with nobody to ingest its result.
         deadline = time.monotonic() + 5
         while self.workers() and time.monotonic() < deadline:

@@ -10,9 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -103,6 +103,17 @@ def run_tether(*args: str, env: dict[str, str] | None = None, **kwargs) -> subpr
     return subprocess.run(
         [str(tether), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, **kwargs
     )
+
+
+@contextmanager
+def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `mount_point` with mount `options` (a size, a number of inodes) until the end; needs root."""
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
 
 
 def free_port() -> int:

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import threading
 import time
 from contextlib import closing
@@ -23,7 +22,7 @@ from store.completions import NewCompletion
 from store.jobs import add_job
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, toy_preferences, vote_every_pair
+from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, tmpfs, toy_preferences, vote_every_pair
 
 PASSWORD = "password-123"
 
@@ -137,13 +136,8 @@ def few_inodes(tmp_path):
     """A tmpfs with room for 64 files and directories, mounted for the test (which needs root)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a filesystem needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=64", "tmpfs", str(mount_point)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "size=64m,nr_inodes=64") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
 
 
 def test_a_backup_that_fails_while_copying_leaves_the_server_able_to_take_the_next(tiny_project, few_inodes):

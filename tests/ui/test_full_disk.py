@@ -5,14 +5,13 @@ The project lives on a small tmpfs mounted for the test, which needs root (CI ru
 """
 
 import os
-import subprocess
 from contextlib import closing
 
 import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users
+from tests.conftest import RunningServer, add_pairs, add_users, tmpfs
 from ui.owner.project import init_project
 
 PASSWORD = "password-123"
@@ -22,13 +21,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limit
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "size=64m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
 
 
 def fill(path) -> None:
