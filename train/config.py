@@ -48,10 +48,12 @@ class ModelConfig:
     )
     quantization: str = field(
         default="none",
-        metadata={"help": "'none', '4bit' (NF4 with double quantisation, computing in bf16 where the GPU has it, else fp16) or "
-                          "'8bit' (LLM.int8()): the base model's weights through bitsandbytes, on a CUDA GPU only. Adapters "
-                          "and heads train in float32 on top (QLoRA), and PPO's reference is the same quantised base "
-                          "with the adapters off, so it costs no second copy. Not yet measured on a GPU."},
+        metadata={"help": "'none', '4bit' (NF4 with double quantisation, computing in bf16 where the GPU has it, else fp16, and "
+                          "in [model] dtype on the CPU) or '8bit' (LLM.int8()): the base model's weights through bitsandbytes, "
+                          "on a CUDA GPU or the CPU. Adapters and heads train in float32 on top (QLoRA), and the reference of "
+                          "PPO, DPO and GRPO is the same quantised base with the adapters off, so it costs no second copy. "
+                          "Where bitsandbytes cannot run, every command that would queue a model job stops first. Not yet "
+                          "measured on a GPU."},
     )
 
     def __post_init__(self):

