@@ -9,7 +9,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from train.files import built_beside
-from train.models import uses_bf16
+from train.models import trainable_in_float32, uses_bf16
 from train.ppo import StepFn, load_adapter_weights
 
 
@@ -53,6 +53,7 @@ def train_from(trainer, policy_dir: Path | None) -> None:
     """Train the trainer's new adapter, first loading the starting policy's LoRA weights into it when there is
     one (before train(), which makes the optimiser). TRL's printed logs are off: StepLog reports each step."""
     trainer.remove_callback(PrinterCallback)
+    trainable_in_float32(trainer.model)
     if policy_dir is not None:
         weights = {k: v for k, v in load_file(str(policy_dir / "adapter_model.safetensors")).items() if "lora_" in k}
         load_adapter_weights(trainer.model, weights, "default", policy_dir)

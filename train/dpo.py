@@ -22,6 +22,7 @@ from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.config import DPOConfig
 from train.errors import ModelError
+from train.models import prepare_for_training
 from train.snapshot import Messages, PreferenceRow
 
 # What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
@@ -105,6 +106,7 @@ def train_dpo(
     kept = [e for e in encoded if len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) <= config.max_length]
     if not kept:
         raise ModelError(f"none of the {len(rows)} preference pairs fits in [dpo] max_length = {config.max_length} tokens")
+    model = prepare_for_training(model)  # a quantised base as PPO and the reward model have it (PEFT's k-bit recipe)
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     dataset = Dataset.from_list(kept)

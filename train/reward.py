@@ -41,7 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from train import distributed
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
-from train.models import device, prepare_for_training, uses_bf16
+from train.models import device, prepare_for_training, trainable_in_float32, uses_bf16
 from train.reward_model import (
     EncodedPairs,
     RewardModel,
@@ -281,6 +281,7 @@ def _fit(
         finally:
             model.config.num_labels = config.heads
         trainer.remove_callback(PrinterCallback)  # progress goes to on_progress, not stdout
+        trainable_in_float32(trainer.model)
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
         collate, fitted = trainer.data_collator, 0
