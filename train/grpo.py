@@ -4,13 +4,13 @@ GRPO (Shao et al. 2024, DeepSeekMath) samples a group of responses to each promp
 group's mean reward as each response's baseline: no value model. The reward is the Bradley-Terry
 reward model's normalised score, less the missing-EOS and length penalties, as PPO scores its
 responses. The KL to the starting model (the base with every adapter off) stays in the loss.
-The reward model is loaded as a second model beside the policy's, where PPO shares one base
-among the policy, its value, its reference and the reward model: GRPO needs no value model but
-holds two copies of the base weights.
+As in PPO, one base carries every adapter: the policy's (TRL's `default`) and the reward model's
+(`reward`, frozen, with its heads beside), so a GRPO job holds one copy of the base weights,
+quantised or not, and the reference costs none.
 """
 
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,10 +19,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
+from train.batching import in_batches
 from train.config import GRPOConfig
 from train.errors import ModelError
 from train.generate import Messages
-from train.reward_model import RewardModel
+from train.models import prepare_for_training
+from train.ppo import RewardScorer, frozen_head, load_adapter_weights, shared_reward_scores
+from train.reward_model import RewardAdapter
 
 # What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
 # stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
@@ -42,28 +45,63 @@ class _StepLog(StepLog):
         return super().stats(logs) | {"finished": 1 - float(logs["completions/clipped_ratio"])}
 
 
-def penalised_scores(reward: RewardModel, config: GRPOConfig, eos_token_id: int) -> Callable[..., list[float]]:
-    """The reward function GRPOTrainer calls: the reward model's reward of each response, less uncertainty_penalty
-    times its heads' spread, missing_eos_penalty where it did not end and length_penalty per token, as PPO scores."""
+ScoreFn = Callable[[list[Messages], list[str]], tuple[list[float], list[float]]]
+
+
+def penalised_scores(score: ScoreFn, config: GRPOConfig, eos_token_id: int) -> Callable[..., list[float]]:
+    """The reward function GRPOTrainer calls: the reward model's reward of each response (score gives it and its
+    heads' spread), less uncertainty_penalty times that spread, missing_eos_penalty where it did not end and
+    length_penalty per token, as PPO scores."""
 
     def scores(prompts: list[Messages], completions: list[Messages], completion_ids: list[list[int]], **kwargs) -> list[float]:
         texts = [completion[-1]["content"] for completion in completions]
-        rewards, uncertainties = reward.score_with_uncertainty(prompts, texts)
+        rewards, uncertainties = score(prompts, texts)
         return [
-            score - config.uncertainty_penalty * spread - config.missing_eos_penalty * (eos_token_id not in ids)
+            reward - config.uncertainty_penalty * spread - config.missing_eos_penalty * (eos_token_id not in ids)
             - config.length_penalty * len(ids)
-            for score, spread, ids in zip(rewards, uncertainties, completion_ids)
+            for reward, spread, ids in zip(rewards, uncertainties, completion_ids)
         ]
 
     scores.__name__ = "reward_model"  # TRL logs each reward function under its name
     return scores
 
 
+class SharedReward:
+    """The reward model as the `reward` adapter and a frozen head on the policy's own base model: scores
+    as `tether rm score` scores, without a second copy of the base."""
+
+    def __init__(self, reward: RewardAdapter, tokenizer: PreTrainedTokenizerBase):
+        self.reward = reward
+        self.scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length)
+        self.peft_model = self.head = None
+
+    def attach(self, peft_model) -> None:
+        """Add the reward adapter, frozen, beside the policy's (the active one, which stays active)."""
+        peft_model.add_adapter("reward", replace(self.reward.lora, lora_dropout=0.0, inference_mode=True))
+        load_adapter_weights(peft_model, self.reward.lora_weights, "reward", self.reward.path)
+        for name, parameter in peft_model.named_parameters():
+            if ".reward." in name:
+                parameter.requires_grad_(False)
+        self.peft_model, self.head = peft_model, frozen_head(self.reward, next(peft_model.parameters()).device)
+
+    def score(self, prompts: list[Messages], texts: list[str]) -> tuple[list[float], list[float]]:
+        """Each text's reward and its heads' spread, in one batch unless it runs out of GPU memory."""
+        policy = self.peft_model.active_adapter
+
+        def run(rows: list[int]) -> list[tuple[float, float]]:
+            rewards, spreads = shared_reward_scores(self.peft_model, self.head, self.scorer, [prompts[i] for i in rows],
+                                                    [texts[i] for i in rows], back_to=policy)
+            return list(zip(rewards.tolist(), spreads.tolist()))
+
+        scored = in_batches(list(range(len(texts))), len(texts), run, "reward scoring")
+        return [r for r, _ in scored], [s for _, s in scored]
+
+
 def train_grpo(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[Messages],
-    reward: RewardModel,
+    reward: RewardAdapter,
     config: GRPOConfig,
     out_dir: Path,
     policy_dir: Path | None = None,
@@ -73,8 +111,8 @@ def train_grpo(
     """Train the policy adapter on groups of responses to `prompts`, scored by `reward`; save it to out_dir
     as a plain PEFT adapter. Returns each step's metrics.
 
-    model is the base causal LM, without adapters (train.models.load_model gives it); reward is a
-    reward model loaded beside it (train.reward_model.load_reward_model).
+    model is the base causal LM, without adapters (train.models.load_model gives it); reward is the
+    saved reward model taken apart (train.reward_model.read_reward_adapter), to ride on the same base.
     """
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig
@@ -91,6 +129,7 @@ def train_grpo(
         raise ModelError("no prompts to train on")
     if config.max_new_tokens is None:  # the job resolves it from [generation]
         raise ModelError("[grpo] max_new_tokens must be set to train")
+    model = prepare_for_training(model)  # a quantised base as PPO and the reward model have it (PEFT's k-bit recipe)
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     updates_per_step = config.minibatches * config.epochs
@@ -118,8 +157,10 @@ def train_grpo(
         # none. Those are repeated then, and a step may answer a prompt in two groups.
         copies = -(-config.prompts_per_step // len(prompts))
         dataset = Dataset.from_list([{"prompt": p} for p in prompts * copies])
+        shared = SharedReward(reward, tokenizer)
         trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
-                              reward_funcs=penalised_scores(reward, config, tokenizer.eos_token_id), callbacks=[log])
+                              reward_funcs=penalised_scores(shared.score, config, tokenizer.eos_token_id), callbacks=[log])
+        shared.attach(trainer.model)  # the PeftModel TRL made on the base: the policy's adapter is its `default`
         train_from(trainer, policy_dir)
     if distributed.is_main():
         save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))

@@ -144,16 +144,21 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
     # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
-    heads, width = reward.head.shape  # (K, H)
-    reward_head = nn.Linear(width, heads, bias=False, dtype=torch.float32, device=device)
-    reward_head.weight.data.copy_(reward.head)
-    reward_head.requires_grad_(False)
-    value_head = nn.Linear(width, 1, bias=True, dtype=torch.float32, device=device)
+    reward_head = frozen_head(reward, device)
+    value_head = nn.Linear(reward.head.shape[1], 1, bias=True, dtype=torch.float32, device=device)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
     # The base is on its device already; moving the whole would fail on a quantised one.
     return PolicyWithHeads(peft_model, value_head, reward_head).eval()
+
+
+def frozen_head(reward: RewardAdapter, device: torch.device) -> nn.Linear:
+    """The reward model's K heads as one frozen float32 linear layer on `device`."""
+    heads, width = reward.head.shape  # (K, H)
+    head = nn.Linear(width, heads, bias=False, dtype=torch.float32, device=device)
+    head.weight.data.copy_(reward.head)
+    return head.requires_grad_(False)
 
 
 def load_adapter_weights(peft_model, lora_weights: dict[str, torch.Tensor], name: str, source: Path) -> None:
@@ -273,24 +278,32 @@ class RewardScorer:
     max_length: int
 
 
-@torch.no_grad()
 def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B,) reward of each response text and (B,) its uncertainty, computed as `tether rm score` computes them:
-    the mean and the spread of the heads' normalised scores.
+    """(B,) reward of each response text and (B,) its uncertainty: shared_reward_scores on PPO's model."""
+    return shared_reward_scores(model.peft_model, model.reward_head, scorer, prompts, texts, back_to="policy")
+
+
+@torch.no_grad()
+def shared_reward_scores(peft_model, reward_head: nn.Linear, scorer: RewardScorer, prompts: list[Messages], texts: list[str],
+                         back_to: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) reward of each response text and (B,) its uncertainty, by the `reward` adapter of a base that carries
+    other adapters too, and its head; computed as `tether rm score` computes them: the mean and the spread of
+    the heads' normalised scores. The adapter `back_to` is active again after.
 
     The text is encoded again through the chat template and closed by EOS, as in reward-model
     training, and a sequence over the reward model's max_length loses the start of its prompt.
     """
     sequences = [encode(scorer.tokenizer, p, t, scorer.max_length).input_ids for p, t in zip(prompts, texts)]
     input_ids, attention_mask = pad_right(sequences, scorer.tokenizer.pad_token_id)  # (B, T) each
-    device = next(model.parameters()).device
-    model.peft_model.set_adapter("reward")
+    device = reward_head.weight.device
+    backbone = peft_model.get_base_model().base_model  # the transformer without its LM head
+    peft_model.set_adapter("reward")
     try:
-        hidden = model.backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
+        hidden = backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
     finally:
-        model.peft_model.set_adapter("policy")
+        peft_model.set_adapter(back_to)
     last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
-    raw = model.reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float())  # (B, K)
+    raw = reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float())  # (B, K)
     return reward_and_uncertainty(scorer.normalization.apply(raw))
 
 

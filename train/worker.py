@@ -219,14 +219,14 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
 def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
     from train.grpo import train_grpo
-    from train.models import device, load_model, resolve_model_path
-    from train.reward_model import load_reward_model
+    from train.models import device, load_model
+    from train.reward_model import read_reward_adapter
 
     grpo = GRPOConfig(**config["grpo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
     base = ModelConfig(**config["model"])
     model, tokenizer = load_model(base)
-    reward = load_reward_model(resolve_model_path(base.name_or_path), Path(config["reward_adapter_path"]), base)
+    reward = read_reward_adapter(Path(config["reward_adapter_path"]))  # rides on the policy's base: one copy of it
     events.emit("started", prompts=len(prompts), total_steps=grpo.steps)
 
     def step(stats: dict[str, Any]) -> None:

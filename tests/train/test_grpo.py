@@ -2,21 +2,23 @@
 
 from contextlib import closing
 
+import pytest
+
 from store import open_database
 from tests.conftest import (
     DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, held_back_ids, load_plain, read_parquet, run_tether, set_settings, short_training,
     vote_every_pair,
 )
-from train.config import GRPOConfig, ModelConfig
+from train.config import GRPOConfig
 from train.grpo import train_grpo
-from train.reward_model import load_reward_model
+from train.reward_model import load_reward_model, read_reward_adapter
 
 
 def test_grpo_raises_the_probability_of_the_token_a_toy_reward_model_favours(peaked_model_dir, favoured, tmp_path):
     token, reward_dir = favoured
     before = first_token_probs(peaked_model_dir)[token].item()
     model, tokenizer = load_plain(peaked_model_dir)
-    reward = load_reward_model(str(peaked_model_dir), reward_dir, ModelConfig(device="cpu"))
+    reward = read_reward_adapter(reward_dir)
     config = GRPOConfig(steps=12, prompts_per_step=4, group_size=4, minibatches=2, epochs=2, max_new_tokens=1, temperature=1.0,
                         learning_rate=3e-4, beta=0.01, missing_eos_penalty=0.0, seed=1)
     steps = []
@@ -58,3 +60,23 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
     model = PeftModel.from_pretrained(load_plain(tiny_model_dir)[0], str(tiny_project / adapter))
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
     assert "GRPO: steps 2, prompts_per_step 2, group_size 2" in run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+
+
+def test_grpos_reward_model_rides_on_the_policys_base_and_scores_as_rm_score_does(peaked_model_dir, favoured):
+    from peft import get_peft_model
+
+    from train.adapters import policy_lora
+    from train.grpo import SharedReward
+
+    model, tokenizer = load_plain(peaked_model_dir)
+    peft_model = get_peft_model(model, policy_lora(None, 8, 16))  # as GRPOTrainer puts the policy's adapter on the base
+    shared = SharedReward(read_reward_adapter(favoured[1]), tokenizer)
+    shared.attach(peft_model)
+    texts = [tokenizer.decode([favoured[0]]), "music and light", "no"]
+    prompts = [PPO_PROMPTS[i % len(PPO_PROMPTS)] for i in range(len(texts))]
+    rewards, spreads = shared.score(prompts, texts)
+    expected_rewards, expected_spreads = load_reward_model(str(peaked_model_dir), favoured[1]).score_with_uncertainty(prompts, texts)
+    assert rewards == pytest.approx(expected_rewards, abs=1e-4) and spreads == pytest.approx(expected_spreads, abs=1e-6)
+    assert peft_model.active_adapter == "default"  # the policy's adapter is active again, and trains alone
+    assert {name for name, p in peft_model.named_parameters() if p.requires_grad and ".reward." in name} == set()
+    assert any(p.requires_grad for name, p in peft_model.named_parameters() if ".default." in name)

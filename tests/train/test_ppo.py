@@ -281,7 +281,7 @@ def test_ppo_grpo_and_rm_score_take_the_heads_mean_as_the_reward_and_their_sprea
     assert ppo.tolist() == pytest.approx(rewards, abs=1e-4) and ppo_spreads.tolist() == pytest.approx(spreads, abs=1e-4)
 
     eos = tokenizer.eos_token_id
-    grpo = penalised_scores(rm, GRPOConfig(uncertainty_penalty=0.5, length_penalty=0.0), eos)
+    grpo = penalised_scores(rm.score_with_uncertainty, GRPOConfig(uncertainty_penalty=0.5, length_penalty=0.0), eos)
     completions = [[{"role": "assistant", "content": t}] for t in texts]
     assert grpo(prompts, completions, [[t, eos] for t in candidates[:6].tolist()]) == pytest.approx(
         [r - 0.5 * s for r, s in zip(rewards, spreads)], abs=1e-5)
