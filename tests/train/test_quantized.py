@@ -45,15 +45,19 @@ def is_quantised(model) -> bool:
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
-def test_generate_rm_train_rm_score_and_ppo_register_their_results_on_a_quantised_base(tiny_project, tmp_path, quantization):
+def test_generate_rm_train_score_and_eval_and_ppo_register_their_results_on_a_quantised_base(tiny_project, tmp_path, quantization):
     set_settings(tiny_project, "model", quantization=quantization)
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, max_new_tokens=6)
     project = ("--project", str(tiny_project))
     run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
-    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), *project, check=True)
-    for command in ("generate", "--limit", "2"), ("rm", "train", "--include-imported"), ("rm", "score"), ("ppo",):
+    prefs = toy_preferences(tmp_path / "prefs.jsonl")
+    run_tether("import-prefs", str(prefs), *project, check=True)
+    outputs = {}
+    for command in ("generate", "--limit", "2"), ("rm", "train", "--include-imported"), ("rm", "score"), ("rm", "eval", "--data", str(prefs)), ("ppo",):
         done = run_tether(*command, *project)
         assert done.returncode == 0, (command, done.stderr)
+        outputs[command[1] if command[0] == "rm" else command[0]] = done.stdout
+    assert "accuracy" in outputs["eval"], outputs["eval"]
     assert done.stdout.startswith("policy v1 from v0 against reward model v1: last step score"), done.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         completions = con.execute("SELECT count(*) FROM completions WHERE policy_version = 0").fetchone()[0]
@@ -150,9 +154,20 @@ def margin(model, tokenizer) -> float:
 # How far a quantised base moves what an adapter computes, against plain peft on float32: the largest gap over
 # the cases in normalised reward units (training-reward stds), and the gap in the mean chosen-over-rejected
 # log-probability margin, in nats. Measured on this tiny random model, whose 64-wide layers are a hard case for
-# NF4: 0.26 and 0.11 on 4-bit, 0.022 and 0.003 on 8-bit; the tolerances leave room for other CPUs' kernels.
+# NF4: trained on the quantised base and read on float32, 0.26 and 0.11 on 4-bit, 0.022 and 0.003 on 8-bit; trained
+# on float32 and read on the quantised base, 0.22 and 0.02 on 4-bit, 0.031 and 0.001 on 8-bit. The tolerances
+# leave room for other CPUs' kernels.
 SCORE_TOLERANCE = {"4bit": 0.4, "8bit": 0.05}
 MARGIN_TOLERANCE = {"4bit": 0.25, "8bit": 0.02}
+
+
+WORDS = ["apple", "river", "stone", "cloud"]
+RM_ROWS = [PreferenceRow([{"role": "user", "content": f"Tell me about {WORDS[i % 4]} number {i}."}],
+                         f"{WORDS[i % 3]} and {WORDS[(i + 1) % 4]} thanks", f"{WORDS[i % 3]} and {WORDS[(i + 1) % 4]} sorry")
+           for i in range(16)]
+RM_CASES = [(r.prompt, reply) for r in RM_ROWS[10:] for reply in (r.chosen, r.rejected)]
+RM_CONFIG = RewardModelConfig(learning_rate=1e-3, epochs=2, batch_size=8, lora_dropout=0.0, max_length=64, seed=3)
+DPO_CONFIG = DPOConfig(epochs=2, batch_size=4, learning_rate=5e-3, beta=0.1)
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
@@ -160,19 +175,15 @@ def test_adapters_trained_on_a_quantised_base_load_with_plain_peft_on_a_float32_
     from peft import PeftModel
 
     base = quantised(tiny_model_dir, quantization)
-    words = ["apple", "river", "stone", "cloud"]
-    rows = [PreferenceRow([{"role": "user", "content": f"Tell me about {words[i % 4]} number {i}."}],
-                          f"{words[i % 3]} and {words[(i + 1) % 4]} thanks", f"{words[i % 3]} and {words[(i + 1) % 4]} sorry") for i in range(16)]
-    config = RewardModelConfig(learning_rate=1e-3, epochs=2, batch_size=8, lora_dropout=0.0, max_length=64, seed=3)
-    train_reward_model(str(tiny_model_dir), rows[:12], rows[12:], config, tmp_path / "rm", base=base)
-    cases = [(r.prompt, reply) for r in rows[10:] for reply in (r.chosen, r.rejected)]
+    train_reward_model(str(tiny_model_dir), RM_ROWS[:12], RM_ROWS[12:], RM_CONFIG, tmp_path / "rm", base=base)
+    cases = RM_CASES
     ours = load_reward_model(str(tiny_model_dir), tmp_path / "rm", base).score(*zip(*cases))
     plain = [p["normalised"] for p in score_with_plain_peft(tiny_model_dir, tmp_path / "rm", cases, tmp_path)]
     gap = max(abs(a - b) for a, b in zip(ours, plain))
     print(f"{quantization}: reward scores on the quantised base and plain peft's on float32 differ by at most {gap:.4f}")
     assert gap <= SCORE_TOLERANCE[quantization], (ours, plain)
 
-    train_dpo(*load_model(base), DPO_ROWS, DPOConfig(epochs=2, batch_size=4, learning_rate=5e-3, beta=0.1), tmp_path / "v1", on_cpu=True)
+    train_dpo(*load_model(base), DPO_ROWS, DPO_CONFIG, tmp_path / "v1", on_cpu=True)
     float_base, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu"))
     before = margin(float_base, tokenizer)
     on_float = margin(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "v1")).eval(), tokenizer)
@@ -181,6 +192,24 @@ def test_adapters_trained_on_a_quantised_base_load_with_plain_peft_on_a_float32_
           f"{before:.4f} before training")
     assert on_float > before + 0.5
     assert abs(on_float - on_quantised) <= MARGIN_TOLERANCE[quantization]
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_adapters_trained_on_a_float32_base_load_on_a_quantised_one(tiny_model_dir, tmp_path, quantization):
+    base, full = quantised(tiny_model_dir, quantization), ModelConfig(name_or_path=str(tiny_model_dir), device="cpu")
+    train_reward_model(str(tiny_model_dir), RM_ROWS[:12], RM_ROWS[12:], RM_CONFIG, tmp_path / "rm")
+    on_full = load_reward_model(str(tiny_model_dir), tmp_path / "rm", full).score(*zip(*RM_CASES))
+    on_quantised = load_reward_model(str(tiny_model_dir), tmp_path / "rm", base).score(*zip(*RM_CASES))
+    gap = max(abs(a - b) for a, b in zip(on_full, on_quantised))
+    print(f"{quantization}: a float32-trained reward model's scores on the quantised base differ by at most {gap:.4f}")
+    assert gap <= SCORE_TOLERANCE[quantization], (on_full, on_quantised)
+
+    train_dpo(*load_model(full), DPO_ROWS, DPO_CONFIG, tmp_path / "v1", on_cpu=True)
+    model, tokenizer = load_model(full, str(tmp_path / "v1"))
+    trained = margin(model, tokenizer)
+    on_quantised_margin = margin(load_model(base, str(tmp_path / "v1"))[0], tokenizer)
+    print(f"{quantization}: a float32-trained policy's margin {trained:.4f}, {on_quantised_margin:.4f} on the quantised base")
+    assert abs(trained - on_quantised_margin) <= MARGIN_TOLERANCE[quantization]
 
 
 def base_parameters_alive(model_dir) -> int:
