@@ -267,3 +267,22 @@ def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_n
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
     assert not (tiny_project / "jobs").exists() or not any((tiny_project / "jobs").iterdir())
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_a_simulated_ppo_round_and_its_evaluation_run_on_a_quantised_base(tiny_project, tmp_path, quantization):
+    import json
+
+    short_training(tiny_project)
+    set_settings(tiny_project, "model", quantization=quantization)
+    set_settings(tiny_project, "queue", overlap_share=0.5)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
+    result = run_tether("simulate", "--judge", "concise", "--noise", "1.0", "--labels-per-round", "10", "--rounds", "1",
+                        "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
+                        "--project", str(tiny_project))
+    assert result.returncode == 0, result.stderr
+    report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["optimizer"], r["policy"]) for r in report] == [(1, "ppo", 1)]
+    assert math.isfinite(report[0]["kl_to_v0"]) and 0 <= report[0]["win_rate"] <= 1  # the evaluation sampled v1 and v0 on the quantised base
