@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from store import open_database
 from tests.conftest import (
-    DEMO_PROMPTS, PPO_PROMPTS, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair,
+    DEMO_PROMPTS, PPO_PROMPTS, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair, run_every_path,
 )
 from train.config import DPOConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.dpo import train_dpo
@@ -48,17 +48,9 @@ def is_quantised(model) -> bool:
 def test_generate_rm_train_score_and_eval_and_ppo_register_their_results_on_a_quantised_base(tiny_project, tmp_path, quantization):
     set_settings(tiny_project, "model", quantization=quantization)
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, max_new_tokens=6)
-    project = ("--project", str(tiny_project))
-    run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
-    prefs = toy_preferences(tmp_path / "prefs.jsonl")
-    run_tether("import-prefs", str(prefs), *project, check=True)
-    outputs = {}
-    for command in ("generate", "--limit", "2"), ("rm", "train", "--include-imported"), ("rm", "score"), ("rm", "eval", "--data", str(prefs)), ("ppo",):
-        done = run_tether(*command, *project)
-        assert done.returncode == 0, (command, done.stderr)
-        outputs[command[1] if command[0] == "rm" else command[0]] = done.stdout
+    outputs = run_every_path(tiny_project, tmp_path)
     assert "accuracy" in outputs["eval"], outputs["eval"]
-    assert done.stdout.startswith("policy v1 from v0 against reward model v1: last step score"), done.stdout
+    assert outputs["ppo"].startswith("policy v1 from v0 against reward model v1: last step score"), outputs["ppo"]
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         completions = con.execute("SELECT count(*) FROM completions WHERE policy_version = 0").fetchone()[0]
         rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE reward IS NOT NULL").fetchall()]
