@@ -151,7 +151,9 @@ def schema_version(con: Connection) -> int:
             name VARCHAR NOT NULL,
             applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp
         )""")
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+    # fetchall, not fetchone: DuckDB 2 keeps a result not read to its end open, and then refuses to register a
+    # table (insert_rows) on the connection.
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
 
 def migrate(con: Connection, migrations: list[Migration] = MIGRATIONS) -> list[int]:
