@@ -245,8 +245,11 @@ def detect_hardware() -> Hardware:
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         return Hardware("cuda", properties.name, properties.total_memory / 2**30)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return Hardware("cpu", f"CPU with {os.cpu_count()} cores", memory)
+    return Hardware("cpu", f"CPU with {os.cpu_count()} cores", machine_memory_gb())
+
+
+def machine_memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def uses_bf16(precision: str) -> bool:

@@ -12,7 +12,7 @@ from annotate.queue import SORT_KEYS
 from annotate.simulate import UnreachableAgreement
 from store import StoreError
 from store.preferences import import_preference_file
-from store.prompts import import_prompt_file
+from store.prompts import import_prompt_file, prompts_to_generate
 from store.jobs import job_metrics
 from store.prompt_files import read_prompt_file
 from store.policies import get_policy
@@ -70,6 +70,7 @@ def init(directory: Path, model: str | None):
     project = init_project(directory, model)
     click.echo(f"created {project.root} (model {project.config.model.name_or_path}) with the {project.profile}; "
                f"settings are in tether.toml")
+    click.echo(f"expected memory: {_expected_memory(project, [])}")
 
 
 @cli.group(cls=TetherGroup)
@@ -596,6 +597,7 @@ def status(project_dir: Path):
         ("precision", f"{config.model.dtype} weights, quantization {config.model.quantization}; bf16 autocast "
                       f"{autocast['reward model']} in reward-model training, {autocast['PPO']} in PPO"),
         ("processes", f"{config.worker.processes()} per model job ([worker] gpus = {config.worker.gpus})"),
+        ("memory", _expected_memory(project, [p.messages for p in project.run(prompts_to_generate, 0, None)])),
         ("schema", f"version {counts.schema_version}"),
         ("prompts", f"{counts.prompts} ({counts.active_prompts} active)"),
         ("completions", str(counts.completions)),
@@ -622,6 +624,18 @@ def settings(section: str | None):
         tether settings --section ppo
     """
     click.echo(settings_reference(section))
+
+
+def _expected_memory(project: Project, prompts: list) -> str:
+    """The round's expected peak memory (train.memory), or why it cannot be worked out."""
+    from train.memory import describe, round_memory  # torch and transformers take seconds to import
+    from train.models import detect_hardware, machine_memory_gb
+
+    try:
+        jobs, prompt_tokens, on_gpu = round_memory(project.config, project.config.round.optimizer, prompts)
+        return describe(jobs, prompt_tokens, on_gpu, detect_hardware().memory_gb if on_gpu else machine_memory_gb())
+    except (OSError, ValueError, ModelError) as e:  # a model whose config or tokenizer cannot be read here
+        return f"unknown: {' '.join(str(e).split())}"
 
 
 def _versions(versions: list[int]) -> str:

@@ -51,6 +51,8 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
 
         hardware = detect_hardware()
     config, profile = settings_for(hardware, ModelConfig(name_or_path=model) if model else ModelConfig())
+    if lowered := _fit_to_memory(config, hardware):
+        profile += f", lowered to fit a round in its {hardware.memory_gb:.0f} GB: {'; '.join(lowered)}"
     root.mkdir(parents=True, exist_ok=True)
     project = Project(root.resolve(), config)
     with closing(project.connect()) as con:
@@ -58,6 +60,18 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
     write_config(root / CONFIG_FILE, config)  # last: a project exists only once its database does
     project.profile = profile
     return project
+
+
+def _fit_to_memory(config: TetherConfig, hardware: Hardware) -> list[str]:
+    """train.memory.fit_to_memory for the hardware; nothing where the model's config cannot be read here (a hub id
+    not yet downloaded), as `tether status` then says."""
+    from train.errors import ModelError
+    from train.memory import fit_to_memory
+
+    try:
+        return fit_to_memory(config, config.round.optimizer, hardware.device == "cuda", hardware.memory_gb)
+    except (OSError, ValueError, ModelError):
+        return []
 
 
 def load_project(root: Path) -> Project:
