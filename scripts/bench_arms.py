@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 
 
-def run_arm(name: str, command: list[str]) -> dict:
+def run_arm(name: str, command: list[str], env: dict[str, str] | None = None) -> dict:
     """Run an arm that prints its result as a JSON last line; that result and the child's peak resident memory."""
     print(f"running {name} ...", file=sys.stderr, flush=True)
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     stdout = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:

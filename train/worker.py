@@ -19,6 +19,7 @@ command, named by TETHER_OWNER_PID) is gone, even by kill -9, rather than train 
 import dataclasses
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -284,6 +285,17 @@ def _ancestors() -> list[int]:
     return found
 
 
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident memory, and on a GPU the most PyTorch's allocator held there, in GB: what
+    train.memory's estimate of the job is checked against."""
+    peak = {"peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # kilobytes on Linux
+    import torch
+
+    if torch.cuda.is_available():
+        peak["peak_gpu_memory_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    return peak
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -301,6 +313,8 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     distributed.wait_for_everyone()  # result.json says the whole job is done, every process's part of it
     if distributed.is_main():
+        result["peak_memory"] = peak_memory()
+        print("peak memory: " + ", ".join(f"{name} {gb:.2f} GB" for name, gb in result["peak_memory"].items()), file=sys.stderr)
         write_result(job_dir, result)
         events.emit("finished")
 

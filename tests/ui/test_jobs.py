@@ -16,7 +16,7 @@ from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, wait_for, worker_pids
 from train.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
 from train.worker import NICENESS
-from ui.owner.jobs import job_dir, submit_generation
+from ui.owner.jobs import job_dir, run_job, submit_generation
 from ui.owner.project import load_project
 
 PASSWORD = "password-123"
@@ -179,3 +179,17 @@ def test_a_module_named_like_the_standard_librarys_where_tether_runs_does_not_re
     result = run_tether("generate", "--limit", "1", "--project", str(tiny_project), cwd=here)
     assert result.returncode == 0, result.stderr
     assert "stored 2 completions" in result.stdout
+
+
+# A stand-in worker that only says which allocator setting it was started with, then fails, so its log is kept.
+SAY_ALLOCATOR = "import os, sys; print('threshold', os.environ.get('MALLOC_MMAP_THRESHOLD_')); sys.exit(3)"
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_workers_start_with_glibc_returning_freed_memory_unless_the_setting_is_off(slow_project, release):
+    set_settings(slow_project, "worker", release_memory=release)
+    project = load_project(slow_project)
+    job = submit_generation(project, project.run, None, 4)
+    failed = run_job(project, project.run, job, command=[sys.executable, "-c", SAY_ALLOCATOR])
+    assert failed.status == "failed"
+    assert ("threshold 131072" if release else "threshold None") in failed.error

@@ -41,7 +41,7 @@ from store.reward_models import (
     snapshot_path,
 )
 from train.config import RewardModelConfig
-from train.jobdir import LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
+from train.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
 from train.snapshot import PreferenceRow, preference_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
@@ -430,7 +430,8 @@ def run_job(
         worker = subprocess.Popen(
             command or worker_command(directory, project.config.worker.processes()),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=os.environ | {"PYTHONSAFEPATH": "1", OWNER_PID_ENV: str(os.getpid())},
+            env=(ALLOCATOR_ENV if project.config.worker.release_memory else {}) | os.environ
+            | {"PYTHONSAFEPATH": "1", OWNER_PID_ENV: str(os.getpid())},
         )
     try:
         record_worker(directory, worker.pid)
@@ -456,6 +457,7 @@ def run_job(
     result = read_result(directory)
     if worker.returncode == 0 and result is not None:
         run(INGESTERS[job.kind], job, directory, result, project)
+        run(add_metrics, job.id, [(0, result["peak_memory"])])
     else:
         run(finish_job, job.id, "failed", utcnow(), f"the worker exited with code {worker.returncode}:\n{log_tail(directory)}")
     return run(get_job, job.id)

@@ -20,14 +20,14 @@ from annotate.judges import Judge
 from annotate.simulate import (
     Messages, Votes, cast_votes, expected_agreement, judge_against, last_user_message, noise_for_agreement, within_prompt_margins,
 )
-from store.jobs import job_metrics, metric_series
+from store.jobs import job_metrics, metric_series, round_jobs
 from store.policies import Policy, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
 from store.rounds import Round
 from ui.owner.jobs import run_to_end, steers, submit_generation
 from ui.owner.project import Project
-from ui.owner.rounds import RoundSummary, round_report, round_summary, run_round
+from ui.owner.rounds import STAGES, RoundSummary, round_report, round_summary, run_round
 
 
 # Judged pairs per round, at the least: at a 60% win rate the Wilson 95% interval of 192 pairs is
@@ -95,14 +95,16 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
             + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
         took = time.monotonic() - began
-        say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()))
+        memory = peak_memory(project, round_.id, summary.optimizer)
+        say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items())
+            + "; peak resident memory " + ", ".join(f"{job} {gb['measured']:.2f} GB (expected {gb['expected']:.2f})" for job, gb in memory.items()))
         if sim.report is not None:
             figures = {"round": number, "optimizer": summary.optimizer, "strategy": project.config.queue.strategy,
                        "policy": round_.policy_to, "votes": votes.cast, "reward_model_follows_judge": follows,
                        "noise": sim.noise, "agreement": votes.agreement, "expected_agreement": votes.ceiling,
                        "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
                        "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
-                       "seconds": took, "stages": dict(seconds)}
+                       "seconds": took, "stages": dict(seconds), "peak_memory_gb": memory}
             with sim.report.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(figures) + "\n")
         previous = answers
@@ -179,6 +181,20 @@ def training_summary(project: Project, summary: RoundSummary) -> str:
         f"{reward_model}; PPO {len(ended)} steps, KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
         f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
     )
+
+
+def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, dict[str, float]]:
+    """The peak resident memory in GB of each stage of a round (its largest job of that kind), as its worker measured it
+    and as train.memory expected it for the project's prompts."""
+    from train.memory import GB, round_memory
+
+    prompts = [p.messages for p in project.run(prompts_to_generate, 0, None)]
+    expected = {job.job: job.peak / GB for job in round_memory(project.config, optimizer, prompts)[0]}
+    measured: dict[str, float] = {}
+    for job in project.run(round_jobs, round_id):
+        stage = STAGES[job.kind]
+        measured[stage] = max(measured.get(stage, 0.0), project.run(job_metrics, job.id)["peak_memory_gb"])
+    return {stage: {"measured": gb, "expected": expected[stage]} for stage, gb in measured.items()}
 
 
 def _on_new_votes(project: Project, round_: Round) -> str:
