@@ -17,8 +17,9 @@ job. A job holds, at its largest moment:
   vocabulary three times (the logits, their float32 log-softmax and its gradient);
 - where it samples, the key-value cache of its batch;
 - on the CPU, the blocks glibc keeps for reuse (GLIBC_KEPT), unless [worker] release_memory.
-Loading a base from a safetensors file maps the file into the process, so while a model loads
-the file's bytes count once more.
+Quantising a base as it loads reads its whole safetensors file through a map beside the quantised
+copy, so on the CPU the file's bytes count once more until it closes; a base that is not
+quantised is loaded in place.
 
 These counts were checked against PyTorch's own record of the tensors a backward pass keeps
 (torch.autograd.graph.saved_tensors_hooks), and the whole against the peak resident memory of
@@ -29,9 +30,9 @@ import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-# Resident memory of a worker on the CPU before its model loads: Python, torch, transformers, peft and TRL
-# imported (measured on torch 2.13 and transformers 5; see scripts/BENCHMARKS.md). On a GPU, CUDA's context.
-RUNTIME_CPU_GB = 0.62
+# Resident memory of a worker on the CPU before its model loads: Python with torch, transformers, peft, TRL and
+# Tether's training modules imported (measured: torch 2.13, transformers 5.x, trl 1.16). On a GPU, CUDA's context.
+RUNTIME_CPU_GB = 0.48
 RUNTIME_GPU_GB = 0.5
 GB = 2**30
 FLOAT32 = 4
@@ -161,7 +162,7 @@ class Estimator:
         if not self.on_gpu and not self.config.worker.release_memory:
             activations *= GLIBC_KEPT
         runtime = RUNTIME_GPU_GB * GB if self.on_gpu else RUNTIME_CPU_GB * GB
-        mapped = 0 if self.on_gpu else self.shape.checkpoint_bytes
+        mapped = self.shape.checkpoint_bytes if self.quantization != "none" and not self.on_gpu else 0
         return JobMemory(name, runtime, weights, adapters, activations, loading=runtime + weights + mapped)
 
     def generation(self) -> JobMemory:

@@ -178,9 +178,8 @@ class WorkerConfig:
         metadata={"help": "Workers hand the memory they free back to the system at once (glibc's mmap threshold held at "
                           "128 KiB) rather than keep it for reuse. On the CPU a reward-model step of 8 pairs of 256 tokens "
                           "on the default model then peaked at 9.5 GB rather than 13.0 and took 1.5 times as long "
-                          "(scripts/bench_memory.py); in a round its reward-model job took twice as long and PPO's steps "
-                          "longer still. Turn it on where a CPU machine is short of memory. On a GPU the activations are in "
-                          "GPU memory, which it leaves alone."},
+                          "(scripts/bench_memory.py). Turn it on where a CPU machine is short of memory. On a GPU the "
+                          "activations are in GPU memory, which it leaves alone."},
     )
 
     def __post_init__(self):
