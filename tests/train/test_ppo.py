@@ -189,7 +189,7 @@ def test_tether_ppo_registers_the_next_policy_version_with_its_step_statistics(t
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         policies = con.execute("SELECT version, parent, adapter_path FROM policies ORDER BY version").fetchall()
         logged = con.execute("SELECT DISTINCT name FROM metrics m JOIN jobs j ON j.id = m.job_id WHERE j.kind = 'ppo'").fetchall()
-        steps = con.execute("SELECT count(DISTINCT step) FROM metrics m JOIN jobs j ON j.id = m.job_id WHERE j.id = 3").fetchone()[0]
+        steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE job_id = 3 AND name = 'score'").fetchone()[0]
     assert policies == [(0, None, None), (1, 0, "policies/v1"), (2, 1, "policies/v2")]
     assert {"score", "kl", "entropy", "clip_fraction", "approx_kl", "value_loss", "response_length", "beta"} <= {n for (n,) in logged}
     assert steps == 2

@@ -192,8 +192,8 @@ def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, di
     expected = {job.job: job.peak / GB for job in round_memory(project.config, optimizer, prompts)[0]}
     measured: dict[str, float] = {}
     for job in project.run(round_jobs, round_id):
-        stage = STAGES[job.kind]
-        measured[stage] = max(measured.get(stage, 0.0), project.run(job_metrics, job.id)["peak_memory_gb"])
+        if (gb := project.run(job_metrics, job.id).get("peak_memory_gb")) is not None:  # a failed or cancelled job has none
+            measured[STAGES[job.kind]] = max(measured.get(STAGES[job.kind], 0.0), gb)
     return {stage: {"measured": gb, "expected": expected[stage]} for stage, gb in measured.items()}
 
 
