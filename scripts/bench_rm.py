@@ -83,7 +83,8 @@ def arm(name: str, options: argparse.Namespace) -> None:
     from train.models import uses_bf16
 
     train, held = preference_rows(options.data, options.pairs, options.eval_pairs)
-    config = RewardModelConfig(max_length=options.max_length, batch_size=options.batch_size, eval_share=0.0)
+    config = RewardModelConfig(max_length=options.max_length, batch_size=options.batch_size, eval_share=0.0,
+                              gradient_checkpointing=False)  # as "auto" is on a float32 base; TRL takes a bool
     runner = run_tether if name == "tether" else run_trl
     result = runner(resolve_model_path(DEFAULT_MODEL), train, held, config)
     print(json.dumps({**result, "bf16": uses_bf16(config.precision)}))

@@ -50,7 +50,8 @@ class ModelConfig:
         default="none",
         metadata={"help": "'none', '4bit' (NF4 with double quantisation, computing in bf16 where the GPU has it, else fp16, and "
                           "in [model] dtype on the CPU) or '8bit' (LLM.int8()): the base model's weights through bitsandbytes, "
-                          "on a CUDA GPU or the CPU. Adapters and heads train in float32 on top (QLoRA), and the reference of "
+                          "on a CUDA GPU or the CPU. Adapters and heads train in float32 on top (QLoRA), the reward model "
+                          "checkpoints its activations ([reward_model] gradient_checkpointing = 'auto'), and the reference of "
                           "PPO, DPO and GRPO is the same quantised base with the adapters off, so it costs no second copy. "
                           "Where bitsandbytes cannot run, every command that would queue a model job stops first. Not yet "
                           "measured on a GPU."},
@@ -140,11 +141,14 @@ class RewardModelConfig:
                           "whole; no pair is ever dropped, and the number cut is reported. A version scores with the "
                           "max_length it was trained with."},
     )
-    gradient_checkpointing: bool = field(
-        default=False,
+    gradient_checkpointing: bool | str = field(
+        default="auto",
         metadata={"help": "Recompute activations in the backward pass: about 37% more time per step for far less "
                           "memory. Training the default model on batches of 8 pairs of 256 tokens peaks at 8.5 GB without "
-                          "it; of 512 tokens, near 22 GB without and 8 GB with it. Turn it on where memory is short."},
+                          "it; of 512 tokens, near 22 GB without and 8 GB with it. true, false, or 'auto': on with a 4-bit "
+                          "or 8-bit base ([model] quantization), as QLoRA's recipe and PEFT's k-bit preparation have it, "
+                          "since a quantised base is chosen to save memory and the activations are then most of it; off "
+                          "otherwise."},
     )
     precision: str = field(
         default="auto",
@@ -195,6 +199,14 @@ class RewardModelConfig:
             raise ValueError(f"replay must be 0 or more, got {self.replay}")
         if self.trust not in REWARD_MODEL_TRUST:
             raise ValueError(f"trust must be one of {', '.join(REWARD_MODEL_TRUST)}, got {self.trust!r}")
+        if self.gradient_checkpointing not in (True, False, "auto"):
+            raise ValueError(f"gradient_checkpointing must be true, false or 'auto', got {self.gradient_checkpointing!r}")
+
+    def checkpointing(self, model: ModelConfig) -> bool:
+        """Whether training recomputes activations, with 'auto' settled for this base."""
+        if self.gradient_checkpointing == "auto":
+            return model.quantization != "none"
+        return self.gradient_checkpointing
 
     def lora_target_modules(self) -> str | list[str]:
         """target_modules as peft's LoraConfig takes it: the 'all-linear' shorthand, or a list of names."""

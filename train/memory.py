@@ -176,7 +176,7 @@ class Estimator:
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
         sequences = 2 * rm.batch_size  # each pair's two responses
         adapters = self.lora_parameters(rm.lora_r) * ADAMW_BYTES
-        activations = self.layer_activations(sequences * length, length, rm.lora_dropout, rm.gradient_checkpointing)
+        activations = self.layer_activations(sequences * length, length, rm.lora_dropout, rm.checkpointing(self.config.model))
         return self.job("reward model", self.weights(training=True), adapters, activations)
 
     def ppo(self) -> JobMemory:
@@ -281,7 +281,7 @@ def fit_to_memory(config, optimizer: str, on_gpu: bool, available_gb: float) -> 
 def _lower(config, job: str) -> str | None:
     """Change one setting of `config` that lowers `job`'s peak, and say which; None when none is left to lower."""
     rm, ppo, dpo, grpo, generation = config.reward_model, config.ppo, config.dpo, config.grpo, config.generation
-    if job == "reward model" and not rm.gradient_checkpointing:
+    if job == "reward model" and not rm.checkpointing(config.model):
         config.reward_model = replace(rm, gradient_checkpointing=True)
         return "[reward_model] gradient_checkpointing = true"
     if job == "reward model" and rm.batch_size % 2 == 0:

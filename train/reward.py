@@ -30,7 +30,7 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -151,7 +151,8 @@ def build_model(
 
     tokenizer = load_tokenizer(model_path)
     torch.manual_seed(config.seed)
-    classifier = prepare_for_training(load_classifier(model_path, tokenizer, base or ModelConfig(), config.heads), config.gradient_checkpointing)
+    base = base or ModelConfig()
+    classifier = prepare_for_training(load_classifier(model_path, tokenizer, base, config.heads), config.checkpointing(base))
     lora = LoraConfig(
         task_type=TaskType.SEQ_CLS,
         r=config.lora_r,
@@ -332,6 +333,7 @@ def train_reward_model(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     started = time.perf_counter()
+    config = replace(config, gradient_checkpointing=config.checkpointing(base or ModelConfig()))  # saved as it ran
     new_votes = None
     if warm_start is None:
         model, tokenizer = build_model(model_path, config, base)

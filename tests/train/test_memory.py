@@ -52,6 +52,18 @@ def test_a_quantised_base_holds_a_fraction_of_the_float32_weights_that_grows_wit
     assert four < eight < full
 
 
+def test_a_quantised_base_checkpoints_the_reward_models_activations_unless_the_settings_say_otherwise(tiny_project, tiny_model_dir):
+    """QLoRA's recipe: a base quantised to save memory also recomputes its activations, which are then most of it."""
+    full = estimator(tiny_project, name_or_path=str(tiny_model_dir)).reward_model()
+    four = estimator(tiny_project, name_or_path=str(tiny_model_dir), quantization="4bit").reward_model()
+    assert four.activations < full.activations / 1.5  # of the tiny model's 2 layers, checkpointing keeps 1 at a time
+    auto, off = RewardModelConfig(), RewardModelConfig(gradient_checkpointing=False)
+    assert auto.checkpointing(ModelConfig(quantization="4bit")) and auto.checkpointing(ModelConfig(quantization="8bit"))
+    assert not auto.checkpointing(ModelConfig()) and not off.checkpointing(ModelConfig(quantization="4bit"))
+    with pytest.raises(ValueError, match="gradient_checkpointing must be true, false or 'auto', got 'sometimes'"):
+        RewardModelConfig(gradient_checkpointing="sometimes")
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 def test_the_activations_are_what_a_reward_model_forward_pass_keeps_for_its_backward(tiny_model_dir, tiny_project, dropout):
     """PyTorch's own record of the tensors autograd saves (the model's parameters left out) on a real reward-model batch."""

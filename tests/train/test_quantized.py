@@ -26,7 +26,7 @@ from train.grpo import train_grpo
 from train.models import check_runs_here, load_model, prepare_for_training
 from train.ppo import AdaptiveKL, RewardScorer, build, ppo_step, trainable_parameters
 from train.reward import train_reward_model
-from train.reward_model import load_reward_model, read_reward_adapter
+from train.reward_model import load_reward_model, read_reward_adapter, trained_config
 from train.snapshot import PreferenceRow
 
 QUANTIZATIONS = ["4bit", "8bit"]
@@ -168,6 +168,7 @@ def test_adapters_trained_on_a_quantised_base_load_with_plain_peft_on_a_float32_
 
     base = quantised(tiny_model_dir, quantization)
     train_reward_model(str(tiny_model_dir), RM_ROWS[:12], RM_ROWS[12:], RM_CONFIG, tmp_path / "rm", base=base)
+    assert trained_config(tmp_path / "rm")["gradient_checkpointing"] is True  # 'auto' on a quantised base
     cases = RM_CASES
     ours = load_reward_model(str(tiny_model_dir), tmp_path / "rm", base).score(*zip(*cases))
     plain = [p["normalised"] for p in score_with_plain_peft(tiny_model_dir, tmp_path / "rm", cases, tmp_path)]

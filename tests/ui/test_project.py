@@ -103,8 +103,8 @@ def test_init_says_which_settings_it_chose_for_the_hardware(tmp_path):
         written = load_project(project.root).config
         assert written.generation.max_new_tokens > cpu.config.generation.max_new_tokens
         assert written.ppo.steps > cpu.config.ppo.steps and written.ppo_response_tokens() == written.generation.max_new_tokens
-    assert load_project(small.root).config.reward_model.gradient_checkpointing  # 22 GB: memory before speed
-    assert not load_project(large.root).config.reward_model.gradient_checkpointing
+    assert load_project(small.root).config.reward_model.gradient_checkpointing is True  # 22 GB: memory before speed
+    assert load_project(large.root).config.reward_model.gradient_checkpointing == "auto"  # on for a quantised base alone
     assert load_project(large.root).config.ppo.batch_size > load_project(small.root).config.ppo.batch_size
     large_grpo, small_grpo = load_project(large.root).config.grpo, load_project(small.root).config.grpo
     assert large_grpo.prompts_per_step > small_grpo.prompts_per_step > cpu.config.grpo.prompts_per_step

@@ -254,7 +254,7 @@ def settings_for(hardware: Hardware, model: ModelConfig) -> tuple[TetherConfig, 
         return config, f"CPU profile for {hardware}: short answers and small batches, so a round takes minutes"
     roomy = hardware.memory_gb >= 40
     config.generation = dataclasses.replace(config.generation, max_new_tokens=256, batch_size=64)
-    config.reward_model = dataclasses.replace(config.reward_model, batch_size=16, max_length=1024, gradient_checkpointing=not roomy)
+    config.reward_model = dataclasses.replace(config.reward_model, batch_size=16, max_length=1024, gradient_checkpointing="auto" if roomy else True)
     config.ppo = dataclasses.replace(config.ppo, steps=40, batch_size=32 if roomy else 16, minibatch_size=8)
     config.grpo = dataclasses.replace(config.grpo, steps=40, prompts_per_step=8 if roomy else 4, minibatches=4 if roomy else 2)
     return config, f"GPU profile for {hardware}: answers of up to 256 tokens and {'larger' if roomy else 'moderate'} batches"
