@@ -3,8 +3,8 @@ against the expected peak that `tether status` prints (train.memory).
 
 Both arms run Tether's reward-model training (the `tether` arm of bench_rm.py) on the same pairs with the same
 settings, each in its own child process so that its peak resident memory is its own, in one invocation
-because this machine is noisy. The first arm runs with glibc's defaults, the second with the environment every
-Tether worker gets (train.jobdir.ALLOCATOR_ENV). The pairs are the first --pairs of the shared HH file, whose
+because this machine is noisy. The first arm runs with glibc's defaults, the second with the environment a
+worker gets with [worker] release_memory (train.jobdir.ALLOCATOR_ENV). The pairs are the first --pairs of the shared HH file, whose
 prompts are long: nearly every batch fills --max-length, which is the length the expectation assumes.
 
     python scripts/bench_memory.py --pairs 32 --batch-size 8 --max-length 256

@@ -165,10 +165,29 @@ def from_pretrained(auto_class, path: str, config: ModelConfig, **kwargs) -> Pre
             )
         kwargs["device_map"] = {"": str(device(config))}
     try:
-        return auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
+        model = auto_class.from_pretrained(path, dtype=DTYPES[config.dtype], **kwargs)
     except (ImportError, RuntimeError) as e:  # bitsandbytes missing or too old, a dtype the device lacks, a CUDA error
         raise ModelError(f'cannot load {path} with [model] dtype = "{config.dtype}" and quantization = "{config.quantization}": '
                          f"{' '.join(str(e).split())}") from None
+    if config.quantization != "none" and device(config).type == "cpu":
+        _own_unquantised_tensors(model)
+    return model
+
+
+def _own_unquantised_tensors(model: PreTrainedModel) -> None:
+    """Copy a quantised base's embeddings, norms and head out of the checkpoint file's map into memory of their own.
+
+    They are loaded in place, as views of the map, and while one view lives the pages of the whole file that
+    quantising read stay resident: 0.42 GB of the default model's 0.54 GB file, through every job.
+    """
+    from bitsandbytes.nn import Int8Params, Params4bit
+
+    copied = set()
+    for module in model.modules():
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if id(tensor) not in copied and not isinstance(tensor, (Params4bit, Int8Params)):
+                tensor.data = tensor.data.clone()
+                copied.add(id(tensor))
 
 
 def compute_dtype(config: ModelConfig) -> torch.dtype:

@@ -270,6 +270,9 @@ def _fit(
             report_to="none",
             disable_tqdm=True,
             gradient_checkpointing=config.gradient_checkpointing,
+            # transformers 5 checkpoints without reentry by default, which on the default model still kept 2.8 GB of a
+            # 16 x 130-token batch's 6.7 GB; reentrant checkpointing (PEFT's k-bit recipe) kept 0.9 GB.
+            gradient_checkpointing_kwargs={"use_reentrant": True},
             disable_dropout=False,  # TRL's default would silently zero lora_dropout
             bf16=uses_bf16(config.precision),
             use_cpu=on_cpu,

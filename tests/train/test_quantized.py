@@ -97,6 +97,22 @@ def test_at_step_0_ppos_kl_to_the_quantised_base_is_0_and_the_adapters_train(pea
     assert any(not torch.equal(b, p) for b, p in zip(before, trainable_parameters(wrapped)))
 
 
+def checkpoint_maps(model_dir) -> set[str]:
+    """This process's memory maps of the model's weights file."""
+    with open("/proc/self/maps") as maps:
+        return {line.split()[0] for line in maps if str(model_dir / "model.safetensors") in line}
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_a_quantised_base_on_the_cpu_keeps_no_map_of_its_weights_file(tiny_model_dir, quantization):
+    """A tensor left viewing the file would keep every page of it that quantising read resident through the job."""
+    before = checkpoint_maps(tiny_model_dir)
+    model, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir), quantization=quantization, device="cpu"))
+    assert is_quantised(model)
+    assert checkpoint_maps(tiny_model_dir) - before == set()
+    assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.isfinite().all()
+
+
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
 def test_gradients_flow_through_a_quantised_training_base_after_a_pass_without_them(tiny_model_dir, quantization):
     """bitsandbytes repacks a 4-bit layer for a CPU kernel without a backward at its first eval-mode pass without
