@@ -182,12 +182,9 @@ def _own_unquantised_tensors(model: PreTrainedModel) -> None:
     """
     from bitsandbytes.nn import Int8Params, Params4bit
 
-    copied = set()
-    for module in model.modules():
-        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            if id(tensor) not in copied and not isinstance(tensor, (Params4bit, Int8Params)):
-                tensor.data = tensor.data.clone()
-                copied.add(id(tensor))
+    for tensor in [*model.parameters(), *model.buffers()]:  # each tied tensor once
+        if not isinstance(tensor, (Params4bit, Int8Params)):
+            tensor.data = tensor.data.clone()
 
 
 def compute_dtype(config: ModelConfig) -> torch.dtype:

@@ -336,7 +336,8 @@ def train_reward_model(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     started = time.perf_counter()
-    config = replace(config, gradient_checkpointing=config.checkpointing(base or ModelConfig()))  # saved as it ran
+    base = base or ModelConfig()
+    config = replace(config, gradient_checkpointing=config.checkpointing(base))  # saved as it ran
     new_votes = None
     if warm_start is None:
         model, tokenizer = build_model(model_path, config, base)
@@ -353,7 +354,7 @@ def train_reward_model(
 
     fit_started = time.perf_counter()
     weights = [bootstrap_weights(row, config.heads, config.seed) for row in fit_rows]
-    losses = _fit(model, tokenizer, fitted, weights, config, on_progress, on_cpu=device(base or ModelConfig()).type == "cpu")
+    losses = _fit(model, tokenizer, fitted, weights, config, on_progress, on_cpu=device(base).type == "cpu")
     train_seconds = time.perf_counter() - fit_started
 
     # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where
