@@ -53,7 +53,7 @@ def run_trl(model_path: str, train: list, held: list, config) -> dict:
     from peft import LoraConfig, TaskType
     from trl import RewardConfig, RewardTrainer
 
-    from train.models import uses_bf16
+    from train.hardware import uses_bf16
     from train.snapshot import conversational
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -80,7 +80,7 @@ def arm(name: str, options: argparse.Namespace) -> None:
     """One arm, in this (child) process: its result as one JSON line on stdout."""
     from train.config import DEFAULT_MODEL, RewardModelConfig
     from train.models import resolve_model_path
-    from train.models import uses_bf16
+    from train.hardware import uses_bf16
 
     train, held = preference_rows(options.data, options.pairs, options.eval_pairs)
     config = RewardModelConfig(max_length=options.max_length, batch_size=options.batch_size, eval_share=0.0,

@@ -9,7 +9,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from train.files import built_beside
-from train.models import trainable_in_float32, uses_bf16
+from train.hardware import uses_bf16
+from train.models import trainable_in_float32
 from train.ppo import StepFn, load_adapter_weights
 
 

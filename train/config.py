@@ -16,7 +16,7 @@ REWARD_MODEL_TRUST = ("once_proven", "always")
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a project runs on, as `tether init` finds it (train.models.detect_hardware)."""
+    """What a project runs on, as `tether init` finds it (train.hardware.detect_hardware)."""
 
     device: str  # "cpu" or "cuda"
     name: str

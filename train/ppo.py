@@ -50,7 +50,8 @@ from train.config import PPOConfig
 from train.errors import ModelError
 from train.files import built_beside
 from train.generate import end_of_turn_ids
-from train.models import prepare_for_training, uses_bf16
+from train.hardware import uses_bf16
+from train.models import prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
 
 Messages = list[dict[str, str]]

@@ -41,7 +41,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from train import distributed
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
-from train.models import device, prepare_for_training, trainable_in_float32, uses_bf16
+from train.hardware import device, uses_bf16
+from train.models import prepare_for_training, trainable_in_float32
 from train.reward_model import (
     EncodedPairs,
     RewardModel,

@@ -33,7 +33,8 @@ from train.batching import in_batches
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
 from train.files import built_beside
-from train.models import device, from_pretrained, give_pad_token, prepare_for_training, set_pad_token
+from train.hardware import device
+from train.models import from_pretrained, give_pad_token, prepare_for_training, set_pad_token
 from train.snapshot import Messages, PreferenceRow
 
 NORMALIZATION_FILE = "reward_normalization.json"

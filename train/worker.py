@@ -178,7 +178,8 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
     """DPO from the frozen policy on the frozen preferences and, given a reward model, on pairs it ranks
     among the policy's answers to the frozen prompts; write policy/."""
     from train.dpo import train_dpo
-    from train.models import device, load_model
+    from train.hardware import device
+    from train.models import load_model
 
     dpo = DPOConfig(**config["dpo"])
     human = read_preferences(input_path(job_dir, "preferences"))
@@ -220,7 +221,8 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
 def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
     from train.grpo import train_grpo
-    from train.models import device, load_model
+    from train.hardware import device
+    from train.models import load_model
     from train.reward_model import read_reward_adapter
 
     grpo = GRPOConfig(**config["grpo"])

@@ -583,7 +583,7 @@ def status(project_dir: Path):
     Example:
         tether status --project demo
     """
-    from train.models import describe_device, uses_bf16
+    from train.hardware import describe_device, uses_bf16
 
     project = load_project(project_dir)
     counts = project.run(project_counts)
@@ -629,7 +629,7 @@ def settings(section: str | None):
 def _expected_memory(project: Project, prompts: list) -> str:
     """The round's expected peak memory (train.memory), or why it cannot be worked out."""
     from train.memory import describe, round_memory  # torch and transformers take seconds to import
-    from train.models import detect_hardware, machine_memory_gb
+    from train.hardware import detect_hardware, machine_memory_gb
 
     try:
         jobs, prompt_tokens, on_gpu = round_memory(project.config, project.config.round.optimizer, prompts)

@@ -23,7 +23,8 @@ from train.dpo import train_dpo
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
 from train.grpo import train_grpo
-from train.models import check_runs_here, load_model, prepare_for_training
+from train.hardware import check_runs_here
+from train.models import load_model, prepare_for_training
 from train.ppo import AdaptiveKL, RewardScorer, build, ppo_step, trainable_parameters
 from train.reward import train_reward_model
 from train.reward_model import load_reward_model, read_reward_adapter, trained_config
@@ -245,9 +246,9 @@ def test_grpo_holds_one_copy_of_the_quantised_base(peaked_model_dir, favoured, t
 
 
 def test_where_bitsandbytes_cannot_quantise_on_this_cpu_the_setting_is_named(monkeypatch):
-    from train import models
+    from train import hardware
 
-    monkeypatch.setattr(models, "_cpu_problem", lambda quantization: "no kernel for this CPU")
+    monkeypatch.setattr(hardware, "_cpu_problem", lambda quantization: "no kernel for this CPU")
     with pytest.raises(ModelError, match=r'^\[model\] quantization = "8bit" does not run on this machine\'s CPU with bitsandbytes '
                                          r'\S+ \(no kernel for this CPU\): set quantization = "none"$'):
         check_runs_here(ModelConfig(quantization="8bit", device="cpu"))

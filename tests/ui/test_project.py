@@ -19,7 +19,7 @@ def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
     assert "policies      v0" in status.stdout
     assert "model         HuggingFaceTB/SmolLM2-135M-Instruct" in status.stdout
     import torch
-    from train.models import uses_bf16
+    from train.hardware import uses_bf16
 
     if not torch.cuda.is_available():
         assert f"device        cpu: CPU with {os.cpu_count()} cores" in status.stdout

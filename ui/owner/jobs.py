@@ -318,7 +318,7 @@ def _submit(
     project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table], round_id: int | None = None
 ) -> Job:
     from train.errors import ModelError
-    from train.models import check_runs_here
+    from train.hardware import check_runs_here
 
     try:  # before the job exists: a job this machine cannot run is refused, not queued to fail
         check_runs_here(project.config.model)

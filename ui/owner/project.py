@@ -47,7 +47,7 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
     if model is not None and Path(model).exists():
         model = str(Path(model).resolve())  # so the project works from any directory
     if hardware is None:
-        from train.models import detect_hardware  # torch takes seconds to import; only init needs it
+        from train.hardware import detect_hardware  # torch takes seconds to import; only init needs it
 
         hardware = detect_hardware()
     config, profile = settings_for(hardware, ModelConfig(name_or_path=model) if model else ModelConfig())
