@@ -116,21 +116,6 @@ def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
 
 
-def run_every_path(project: Path, tmp_path: Path) -> dict[str, str]:
-    """Import prompts and toy preferences, then run generate, rm train, score and eval, and ppo through the CLI;
-    each must succeed. Returns each command's output by name ("generate", "train", "score", "eval", "ppo")."""
-    flag = ("--project", str(project))
-    run_tether("prompts", "import", str(DEMO_PROMPTS), *flag, check=True)
-    prefs = toy_preferences(tmp_path / "prefs.jsonl")
-    run_tether("import-prefs", str(prefs), *flag, check=True)
-    outputs = {}
-    for command in ("generate", "--limit", "2"), ("rm", "train", "--include-imported"), ("rm", "score"), ("rm", "eval", "--data", str(prefs)), ("ppo",):
-        done = run_tether(*command, *flag)
-        assert done.returncode == 0, (command, done.stderr)
-        outputs[command[1] if command[0] == "rm" else command[0]] = done.stdout
-    return outputs
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import torch
 from store import open_database
 from train.config import ModelConfig
 from train.reward_model import load_reward_model
-from tests.conftest import run_every_path, DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, toy_preferences, train_tokenizer
+from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, toy_preferences, train_tokenizer
 from ui.owner.project import init_project
 
 
@@ -19,10 +19,15 @@ from ui.owner.project import init_project
 def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, tiny_model_dir, tmp_path, dtype):
     set_settings(tiny_project, "model", dtype=dtype)
     set_settings(tiny_project, "ppo", steps=2, batch_size=4)
-    outputs = run_every_path(tiny_project, tmp_path)
+    project = ("--project", str(tiny_project))
+    run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), *project, check=True)
+    for command in ("generate", "--limit", "2"), ("rm", "train", "--include-imported"), ("rm", "score"), ("ppo",):
+        done = run_tether(*command, *project)
+        assert done.returncode == 0, (command, done.stderr)
 
-    last_score = re.match(r"policy v1 from v0 against reward model v1: last step score (\S+),", outputs["ppo"])
-    assert last_score and math.isfinite(float(last_score.group(1))), outputs["ppo"]
+    last_score = re.match(r"policy v1 from v0 against reward model v1: last step score (\S+),", done.stdout)
+    assert last_score and math.isfinite(float(last_score.group(1))), done.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE reward IS NOT NULL").fetchall()]
     assert len(rewards) >= 2 and all(math.isfinite(r) for r in rewards)

@@ -5,6 +5,7 @@ is 0 and DPO's first loss is log 2 on it too; adapters trained on it are plain f
 """
 
 import gc
+import json
 import math
 import os
 from contextlib import closing
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from store import open_database
 from tests.conftest import (
-    DEMO_PROMPTS, PPO_PROMPTS, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair, run_every_path,
+    DEMO_PROMPTS, PPO_PROMPTS, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair,
 )
 from train.config import DPOConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.dpo import train_dpo
@@ -46,39 +47,44 @@ def is_quantised(model) -> bool:
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
-def test_generate_rm_train_score_and_eval_and_ppo_register_their_results_on_a_quantised_base(tiny_project, tmp_path, quantization):
-    set_settings(tiny_project, "model", quantization=quantization)
-    set_settings(tiny_project, "ppo", steps=2, batch_size=4, max_new_tokens=6)
-    outputs = run_every_path(tiny_project, tmp_path)
-    assert "accuracy" in outputs["eval"], outputs["eval"]
-    assert outputs["ppo"].startswith("policy v1 from v0 against reward model v1: last step score"), outputs["ppo"]
-    with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        completions = con.execute("SELECT count(*) FROM completions WHERE policy_version = 0").fetchone()[0]
-        rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE reward IS NOT NULL").fetchall()]
-        reward_models = con.execute("SELECT version FROM reward_models").fetchall()
-        policies = con.execute("SELECT version, parent FROM policies ORDER BY version").fetchall()
-    assert completions == 4 and len(rewards) == 4 and all(math.isfinite(r) for r in rewards)
-    assert reward_models == [(1,)] and policies == [(0, None), (1, 0)]
-
-
-@pytest.mark.parametrize("quantization", QUANTIZATIONS)
-def test_a_dpo_round_and_a_grpo_round_register_their_policies_on_a_quantised_base(tiny_project, quantization):
+def test_every_job_registers_its_result_on_a_quantised_base(tiny_project, tmp_path, quantization):
+    """Through the CLI: a simulated PPO round (generation, the reward model, PPO, and the evaluation's sampling of
+    v1 and v0), scoring and evaluating with its reward model, then a DPO round and a GRPO round."""
     short_training(tiny_project)
     set_settings(tiny_project, "model", quantization=quantization)
-    set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
+    set_settings(tiny_project, "queue", overlap_share=0.5)
+    set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human", votes="all")
     set_settings(tiny_project, "grpo", steps=2, prompts_per_step=2, group_size=2, minibatches=1, epochs=1)
     project = ("--project", str(tiny_project))
     run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
-    run_tether("generate", *project, check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
+    simulated = run_tether("simulate", "--judge", "concise", "--noise", "1.0", "--labels-per-round", "10", "--rounds", "1",
+                           "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"), *project)
+    assert simulated.returncode == 0, simulated.stderr
+    report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["optimizer"], r["policy"]) for r in report] == [(1, "ppo", 1)]
+    assert math.isfinite(report[0]["kl_to_v0"]) and 0 <= report[0]["win_rate"] <= 1
+
+    scored = run_tether("rm", "score", *project)
+    assert scored.returncode == 0, scored.stderr
+    evaluated = run_tether("rm", "eval", "--data", str(toy_preferences(tmp_path / "prefs.jsonl")), *project)
+    assert evaluated.returncode == 0 and "accuracy" in evaluated.stdout, evaluated.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rewards = [r for (r,) in con.execute("SELECT reward FROM completions WHERE policy_version IS NOT NULL").fetchall()]
+    assert rewards and all(r is not None and math.isfinite(r) for r in rewards)
+
     vote_every_pair(tiny_project)
     dpo = run_tether("round", "--optimizer", "dpo", *project)
-    assert dpo.returncode == 0 and dpo.stdout.startswith("round 1: policy v1 from v0; DPO on "), dpo.stderr
-    vote_every_pair(tiny_project)  # the round's new pairs, v1 against v0
+    assert dpo.returncode == 0 and dpo.stdout.startswith("round 2: policy v2 from v1; DPO on "), dpo.stderr
+    vote_every_pair(tiny_project)  # the round's new pairs, v2 against v1
     grpo = run_tether("round", "--optimizer", "grpo", *project)
-    assert grpo.returncode == 0 and grpo.stdout.startswith("round 2: policy v2 from v1; reward model v1"), grpo.stderr
+    assert grpo.returncode == 0 and grpo.stdout.startswith("round 3: policy v3 from v2; reward model v2"), grpo.stderr
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT id, status, optimizer, policy_to FROM rounds ORDER BY id").fetchall()
-    assert rounds == [(1, "done", "dpo", 1), (2, "done", "grpo", 2)]
+        reward_models = con.execute("SELECT version FROM reward_models ORDER BY version").fetchall()
+    assert rounds == [(1, "done", "ppo", 1), (2, "done", "dpo", 2), (3, "done", "grpo", 3)]
+    assert reward_models == [(1,), (2,)]
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
@@ -277,22 +283,3 @@ def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_n
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
     assert not (tiny_project / "jobs").exists() or not any((tiny_project / "jobs").iterdir())
-
-
-@pytest.mark.parametrize("quantization", QUANTIZATIONS)
-def test_a_simulated_ppo_round_and_its_evaluation_run_on_a_quantised_base(tiny_project, tmp_path, quantization):
-    import json
-
-    short_training(tiny_project)
-    set_settings(tiny_project, "model", quantization=quantization)
-    set_settings(tiny_project, "queue", overlap_share=0.5)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    eval_file = tmp_path / "eval.jsonl"
-    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
-    result = run_tether("simulate", "--judge", "concise", "--noise", "1.0", "--labels-per-round", "10", "--rounds", "1",
-                        "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
-                        "--project", str(tiny_project))
-    assert result.returncode == 0, result.stderr
-    report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
-    assert [(r["round"], r["optimizer"], r["policy"]) for r in report] == [(1, "ppo", 1)]
-    assert math.isfinite(report[0]["kl_to_v0"]) and 0 <= report[0]["win_rate"] <= 1  # the evaluation sampled v1 and v0 on the quantised base
