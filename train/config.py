@@ -163,6 +163,14 @@ class RewardModelConfig:
     )
     seed: int = field(default=0, metadata={"help": "Random seed for the head's initialisation, the replay sample and the batch order."})
     include_imported: bool = field(default=False, metadata={"help": "Also train on imported preference data, not only the project's votes."})
+    weight_by_trust: bool = field(
+        default=False,
+        metadata={"help": "Weigh each vote by its annotator's estimated reliability (from gold pairs and agreement with "
+                          "others, as the Data view shows it): a pair's label is its votes' reliability-weighted verdict, a "
+                          "gold pair's its known answer, and the loss takes each label as right with the probability the "
+                          "votes give it (CrowdBT), so a coin-flipper's votes teach nothing. Off, each pair is its votes' "
+                          "majority, taken as certain."},
+    )
     warm_start: bool = field(
         default=True,
         metadata={"help": "Continue from the newest reward-model version's adapter and head, training on the pairs it has "

@@ -137,7 +137,7 @@ def submit_reward_training(
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = (read or run)(preference_rows, reward.include_imported)
+    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust)
     if not rows:
         raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
     config = {
