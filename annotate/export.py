@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from annotate.agreement import agreement_share, majority
-from annotate.trust import estimate_reliability, weighted_label
+from annotate.trust import project_reliability, weighted_label
 from store import Connection, StoreError
 from store.export import CastVote, VotedPair, voted_pairs
-from store.gold import gold_answers, people_votes
+from store.gold import gold_answers
 from train.files import built_beside
 from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
 
@@ -140,7 +140,7 @@ def preference_rows(con: Connection, include_imported: bool = True, weight_by_tr
 
 def _label_by_trust(con: Connection) -> Callable[[VotedPair], tuple[str, float] | None]:
     gold = gold_answers(con)
-    reliability = {a: r.reliability for a, r in estimate_reliability(people_votes(con), gold).items()}
+    reliability = {a: r.reliability for a, r in project_reliability(con).items()}
 
     def label(pair: VotedPair) -> tuple[str, float] | None:
         if pair.pair_id in gold:
