@@ -67,7 +67,7 @@ def main() -> None:
 
     judge = load_judge(options.judge)
     rng = random.Random(options.seed)
-    random.seed(options.seed)  # the queue's shuffles
+    random.seed(options.seed + 1)  # the queue's draws, apart from the annotators'
     preferences = read_preference_file(HH_FILE)
     rng.shuffle(preferences)
     held_out = [p for p in preferences[: options.eval_pairs * 2] if judged(judge, p)[1] != 0][: options.eval_pairs]

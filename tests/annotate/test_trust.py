@@ -145,7 +145,7 @@ def test_weighting_by_trust_drops_a_coin_flippers_lone_votes_and_keeps_the_gold_
     judge = "tests.annotate.test_trust:first_digit_judge"
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         import_gold_file(con, gold_file(tmp_path / "gold.jsonl", 20), "op", NOW)
-        random.seed(0)
+        random.seed(1)  # the queue's draws: pairs and sides, apart from the annotators' own
 
         def run(fn, *args):
             return fn(con, *args)
