@@ -15,6 +15,7 @@ from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users
 PASSWORD = "password-123"
 OPERATOR_CALLS = {
     "/operator_data": (),
+    "/mark_agreed_gold": (),
     "/jobs": (),
     "/job_log": (1,),
     "/cancel_job": (1,),
@@ -72,9 +73,10 @@ def test_the_same_endpoints_work_for_an_operator(project):
     server = RunningServer(project)
     try:
         operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
-        states, annotators, agreement = operator.predict(api_name="/operator_data")
+        states, annotators, agreement, reliability, gold = operator.predict(api_name="/operator_data")
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
-        assert "0 pairs with two or more votes" in agreement
+        assert "0 pairs with two or more votes" in agreement and gold == "0 gold pairs · flagged: no one"
+        assert operator.predict(api_name="/mark_agreed_gold") == "Marked 0 pairs gold: those with 2 or more votes, all alike."
         assert "Imported 28 prompts" in operator.predict(*OPERATOR_CALLS["/import_prompts"], api_name="/import_prompts")
         assert operator.predict(*OPERATOR_CALLS["/generate"], api_name="/generate").startswith("Queued job 1")
         deadline = time.monotonic() + 120

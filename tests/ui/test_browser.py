@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
-from tests.conftest import REPO, RunningServer, add_pairs, add_users, run_tether  # noqa: E402
+from tests.conftest import REPO, RunningServer, add_pairs, add_users, run_tether, set_settings  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -453,6 +453,51 @@ def test_the_data_view_follows_votes_without_a_click(browser, tiny_project):
             has=operator.get_by_role("gridcell").filter(has_text="done"))
         expect(done.get_by_role("gridcell").nth(1)).to_have_text("1", timeout=30_000)
         expect(operator.get_by_role("grid", name="Annotators").get_by_role("gridcell", name="alice", exact=True)).to_be_visible()
+        assert dialogs == []
+    finally:
+        server.stop()
+
+
+def test_a_gold_pair_answered_wrongly_lowers_the_annotators_reliability_in_the_data_view(browser, tiny_project, tmp_path):
+    from store import open_database
+    from store.db import utcnow
+    from store.gold import import_gold_file
+
+    add_users(tiny_project, {"olga": "operator", "alice": "annotator"})
+    add_pairs(tiny_project, 3)
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"prompt": f"gold question {i}", "chosen": f"right answer {i}", "rejected": f"wrong answer {i}"}) + "\n"
+                            for i in range(2)))
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        import_gold_file(con, gold, "olga", utcnow())
+    set_settings(tiny_project, "queue", gold_share=1.0)  # every pair served is gold while alice has one left
+    dialogs: list[str] = []
+    server = RunningServer(tiny_project)
+    try:
+        annotator = open_page(browser, server.url, dialogs)
+        sign_in(annotator, "alice")
+        operator = open_page(browser, server.url, dialogs)
+        sign_in(operator, "olga")
+        operator.get_by_role("tab", name="Operator").click()
+        reliability = operator.get_by_role("grid", name=re.compile("^Reliability"))
+
+        def answer_gold(rightly: bool) -> None:
+            side_a = annotator.locator("#side-a .tether-text")
+            expect(side_a).to_have_text(re.compile("^(right|wrong) answer"))  # a gold pair, as the share asks
+            shown = side_a.inner_text()
+            focus_body(annotator)
+            annotator.keyboard.press("1" if shown.startswith("right") == rightly else "2")  # 1 votes for A, 2 for B
+            expect(side_a).not_to_have_text(shown)
+
+        answer_gold(rightly=True)
+        alice = reliability.locator("[role=row]").filter(has=operator.get_by_role("gridcell", name="alice", exact=True))
+        expect(alice.get_by_role("gridcell").nth(3)).to_have_text("1 / 1", timeout=30_000)
+        before = float(alice.get_by_role("gridcell").nth(1).inner_text())
+        answer_gold(rightly=False)
+        expect(alice.get_by_role("gridcell").nth(3)).to_have_text("1 / 2", timeout=30_000)
+        after = float(alice.get_by_role("gridcell").nth(1).inner_text())
+        assert after < before, (before, after)
+        expect(operator.locator("#gold-summary textarea")).to_have_value(re.compile("^2 gold pairs"))
         assert dialogs == []
     finally:
         server.stop()
