@@ -5,8 +5,13 @@ chat messages, `chosen` and `rejected` are one assistant message each (TRL's con
 preference format), followed by metadata. Pairs with no majority, or whose majority is a tie
 or both-bad, are left out. The raw export (`include_ties`) has one row per vote instead, every
 choice included, for those who want to resolve or weight votes themselves.
+
+The AI judge's votes (source 'ai') are left out unless asked for, and then only decide a pair no
+person voted on: wherever people voted, their votes alone are the pair's votes, in both exports
+and in training. An AI-decided row says so in its `source`.
 """
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -18,6 +23,7 @@ import pyarrow.parquet as pq
 
 from annotate.agreement import agreement_share, majority
 from store import Connection, StoreError
+from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
 from train.files import built_beside
 from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
@@ -71,9 +77,10 @@ class ExportResult:
 
 
 def export_preferences(
-    con: Connection, out: Path, fmt: str, include_ties: bool = False, min_agreement: float | None = None
+    con: Connection, out: Path, fmt: str, include_ties: bool = False, min_agreement: float | None = None, include_ai: bool = False
 ) -> ExportResult:
-    """Write the project's votes to `out` in `fmt`: preference pairs, or every vote with `include_ties`.
+    """Write the project's votes to `out` in `fmt`: preference pairs, or every vote with `include_ties`; the AI
+    judge's votes only with `include_ai`, on pairs no person voted on.
 
     `min_agreement` leaves out pairs whose agreement share (annotate.agreement.agreement_share)
     is below it; in the raw export it leaves out all the votes of such pairs, those with no
@@ -89,7 +96,7 @@ def export_preferences(
     winners: Counter[str | None] = Counter()
     kept: list[VotedPair] = []
     below = 0
-    for pair in voted_pairs(con):
+    for pair in deciding_votes(voted_pairs(con), include_ai):
         choices = [vote.choice for vote in pair.votes]
         winner = majority(choices)
         winners[winner] += 1
@@ -115,11 +122,24 @@ def export_preferences(
     )
 
 
-def preference_rows(con: Connection, include_imported: bool = True) -> list[PreferenceRow]:
+def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:
+    """Each pair with the votes that decide it: people's where any voted, else with `include_ai` the AI judge's.
+    Pairs left with no votes are left out."""
+    decided = []
+    for pair in pairs:
+        people = [vote for vote in pair.votes if vote.source != AI]
+        votes = people or ([vote for vote in pair.votes if vote.source == AI] if include_ai else [])
+        if votes:
+            decided.append(dataclasses.replace(pair, votes=votes))
+    return decided
+
+
+def preference_rows(con: Connection, include_imported: bool = True, ai_votes: str = "off") -> list[PreferenceRow]:
     """The majority-resolved preference rows (ties, both-bad and unresolved pairs left out),
-    those the preference export writes: what a reward model trains on."""
+    those the preference export writes: what a reward model trains on. The AI judge's votes
+    decide the pairs no person voted on unless [reward_model] ai_votes is 'off'."""
     rows = []
-    for pair in voted_pairs(con):
+    for pair in deciding_votes(voted_pairs(con), ai_votes != "off"):
         if not include_imported and all(vote.source == "import" for vote in pair.votes):
             continue
         if majority([vote.choice for vote in pair.votes]) in ("a", "b"):
