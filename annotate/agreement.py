@@ -87,6 +87,12 @@ class JudgeAgreement:
         smoothed towards a coin, (agreeing + 1) / (pairs + 2) (Laplace's rule), and never below one."""
         return max(0.5, (self.agreeing + 1) / (self.pairs + 2))
 
+    def __str__(self) -> str:
+        if not self.pairs:
+            return "no pairs that both the judge and people voted on yet"
+        low, high = self.interval()
+        return f"{self.share:.1%} [95% CI {low:.1%}-{high:.1%}] on {self.pairs} pairs both voted on"
+
 
 def judge_agreement(judged: list[tuple[str, str, list[str]]]) -> dict[str, JudgeAgreement]:
     """Each judge's agreement with people, from (judge, its choice, people's choices) on pairs both voted on.

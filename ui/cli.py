@@ -390,15 +390,7 @@ def judge(limit: int | None, project_dir: Path):
     click.echo(f"{job.config['annotator']} judged {m['judged']:.0f} pairs and added {m['votes_added']:.0f} votes ({cut}); "
                f"it picked the first-placed answer in {m['first_place_share']:.1%} of single-order questions")
     annotator = judge_annotator(project.config.judge_model().name_or_path)
-    click.echo(f"agreement with people: {_agreement(project.run(agreement_with_people).get(annotator))}")
-
-
-def _agreement(agreement: JudgeAgreement | None) -> str:
-    """A judge's agreement with people, with its 95% interval, in words."""
-    if agreement is None or not agreement.pairs:
-        return "no pairs that both the judge and people voted on yet"
-    low, high = agreement.interval()
-    return f"{agreement.share:.1%} [95% CI {low:.1%}-{high:.1%}] on {agreement.pairs} pairs both voted on"
+    click.echo(f"agreement with people: {project.run(agreement_with_people).get(annotator, JudgeAgreement(0, 0))}")
 
 
 def _share(value: float | None) -> str:
@@ -686,7 +678,7 @@ def _expected_memory(project: Project, prompts: list) -> str:
 
 def _ai_votes(count: int, agreement: dict[str, JudgeAgreement]) -> str:
     """How many votes AI judges cast, and each one's agreement with people."""
-    return "; ".join([str(count)] + [f"{judge}: agreement with people {_agreement(a)}" for judge, a in agreement.items()])
+    return "; ".join([str(count)] + [f"{judge}: agreement with people {a}" for judge, a in agreement.items()])
 
 
 def _versions(versions: list[int]) -> str:

@@ -15,6 +15,7 @@ from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users
 PASSWORD = "password-123"
 OPERATOR_CALLS = {
     "/operator_data": (),
+    "/ask_the_judge": (),
     "/jobs": (),
     "/job_log": (1,),
     "/cancel_job": (1,),
@@ -72,15 +73,21 @@ def test_the_same_endpoints_work_for_an_operator(project):
     server = RunningServer(project)
     try:
         operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
-        states, annotators, agreement = operator.predict(api_name="/operator_data")
+        states, annotators, agreement, judges = operator.predict(api_name="/operator_data")
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
-        assert "0 pairs with two or more votes" in agreement
+        assert "0 pairs with two or more votes" in agreement and judges.startswith("No AI judge")
         assert "Imported 28 prompts" in operator.predict(*OPERATOR_CALLS["/import_prompts"], api_name="/import_prompts")
         assert operator.predict(*OPERATOR_CALLS["/generate"], api_name="/generate").startswith("Queued job 1")
         deadline = time.monotonic() + 120
         while (jobs := operator.predict(api_name="/jobs")["data"])[0][2] in ("queued", "running") and time.monotonic() < deadline:
             time.sleep(0.5)
         assert jobs[0][:3] == [1, "generate", "done"] and jobs[0][3] == "█" * 20 + " 100%"
+        assert operator.predict(api_name="/ask_the_judge").startswith("Queued job 2: the AI judge votes")
+        while (jobs := operator.predict(api_name="/jobs")["data"])[0][2] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jobs[0][:3] == [2, "judge", "done"]
+        states = operator.predict(api_name="/operator_data")[0]
+        assert {row[0]: row[1] for row in states["data"]}["waiting"] > 6, "the judge's votes leave every pair to people"
         exported = operator.predict(*OPERATOR_CALLS["/export"], api_name="/export")
         assert exported.endswith("preferences.jsonl")
     finally:

@@ -212,11 +212,12 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
     return _submit(project, run, "score", config, {"completions": table})
 
 
-def submit_judging(project: Project, run: Run, limit: int | None = None) -> Job:
-    """Queue the AI judge ([judge]) on the pairs it has not voted on, in pair order, at most `limit` of them."""
+def submit_judging(project: Project, run: Run, limit: int | None = None, read: Run | None = None) -> Job:
+    """Queue the AI judge ([judge]) on the pairs it has not voted on, in pair order, at most `limit` of them.
+    `read` reads the pairs beside the writer, as for submit_reward_training."""
     model = project.config.judge_model()
     annotator = judge_annotator(model.name_or_path)
-    pairs = run(pairs_to_judge, annotator, limit)
+    pairs = (read or run)(pairs_to_judge, annotator, limit)
     if not pairs:
         raise JobError(f"{annotator} has voted on every pair already: generate new pairs first")
     table = pa.Table.from_pylist(
