@@ -21,10 +21,12 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from annotate.agreement import agreement_share, majority
+from annotate.agreement import JudgeAgreement, agreement_share, agreement_with_people, majority
+from annotate.trust import estimate_reliability, weighted_label
 from store import Connection, StoreError
 from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
+from store.gold import gold_answers, people_votes
 from train.files import built_beside
 from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
 
@@ -134,22 +136,57 @@ def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:
     return decided
 
 
-def preference_rows(con: Connection, include_imported: bool = True, ai_votes: str = "off") -> list[PreferenceRow]:
-    """The majority-resolved preference rows (ties, both-bad and unresolved pairs left out),
-    those the preference export writes: what a reward model trains on. The AI judge's votes
-    decide the pairs no person voted on unless [reward_model] ai_votes is 'off'."""
+def preference_rows(
+    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off"
+) -> list[PreferenceRow]:
+    """What a reward model trains on: the majority-resolved preference rows (ties, both-bad and unresolved pairs left
+    out), those the preference export writes.
+
+    With `weight_by_trust`, each pair is resolved instead by its votes weighted by their annotators'
+    estimated reliability (annotate.trust), a gold pair by its known answer, and each row carries
+    the probability that its label is right. The AI judge's votes decide the pairs no person voted
+    on unless `ai_votes` ([reward_model] ai_votes) is 'off'; with 'weight' such a row carries the
+    judge's agreement with people as its confidence (annotate.agreement.JudgeAgreement.confidence).
+    """
     rows = []
+    trust = _label_by_trust(con) if weight_by_trust else None
+    judges = agreement_with_people(con) if ai_votes == "weight" else {}
     for pair in deciding_votes(voted_pairs(con), ai_votes != "off"):
         if not include_imported and all(vote.source == "import" for vote in pair.votes):
             continue
-        if majority([vote.choice for vote in pair.votes]) in ("a", "b"):
-            rows.append(_resolved(pair))
+        winner = majority([vote.choice for vote in pair.votes])
+        if pair.votes[0].source == AI:  # no person voted on it
+            if winner in ("a", "b"):
+                rows.append(_resolved(pair, winner, _judged_confidence(pair, winner, judges) if ai_votes == "weight" else 1.0))
+        elif trust is not None:
+            if label := trust(pair):
+                rows.append(_resolved(pair, *label))
+        elif winner in ("a", "b"):
+            rows.append(_resolved(pair, winner))
     return rows
 
 
-def _resolved(pair: VotedPair) -> PreferenceRow:
-    """A pair whose majority is 'a' or 'b', as its chosen and rejected completions."""
-    a_won = majority([vote.choice for vote in pair.votes]) == "a"
+def _judged_confidence(pair: VotedPair, winner: str, judges: dict[str, JudgeAgreement]) -> float:
+    """How far to trust the AI judges' label of a pair: the mean confidence of the judges that voted for it."""
+    backing = [judges.get(vote.annotator, JudgeAgreement(0, 0)).confidence for vote in pair.votes if vote.choice == winner]
+    return sum(backing) / len(backing)
+
+
+def _label_by_trust(con: Connection) -> Callable[[VotedPair], tuple[str, float] | None]:
+    gold = gold_answers(con)
+    reliability = {a: r.reliability for a, r in estimate_reliability(people_votes(con), gold).items()}
+
+    def label(pair: VotedPair) -> tuple[str, float] | None:
+        if pair.pair_id in gold:
+            return gold[pair.pair_id], 1.0
+        return weighted_label([(vote.annotator, vote.choice) for vote in pair.votes], reliability)
+
+    return label
+
+
+def _resolved(pair: VotedPair, winner: str, confidence: float = 1.0) -> PreferenceRow:
+    """The pair as its chosen and rejected completions, `winner` ('a' or 'b') chosen."""
+    a_won = winner == "a"
     a = (pair.text_a, pair.finished_a, pair.completion_a, pair.policy_a)
     b = (pair.text_b, pair.finished_b, pair.completion_b, pair.policy_b)
     (chosen, chosen_finished, chosen_id, chosen_policy), (rejected, rejected_finished, rejected_id, rejected_policy) = (
@@ -158,13 +195,14 @@ def _resolved(pair: VotedPair) -> PreferenceRow:
     return PreferenceRow(
         pair.prompt, chosen, rejected, chosen_finished, rejected_finished, pair_id=pair.pair_id, prompt_id=pair.prompt_id,
         chosen_completion_id=chosen_id, rejected_completion_id=rejected_id, chosen_policy=chosen_policy, rejected_policy=rejected_policy,
+        confidence=confidence,
     )
 
 
 def _export_row(pair: VotedPair) -> dict[str, Any]:
     """The resolved pair in TRL's conversational format, with its votes."""
-    row = _resolved(pair)
     winner = majority([vote.choice for vote in pair.votes])
+    row = _resolved(pair, winner)
     backing = [vote for vote in pair.votes if vote.choice == winner]
     return {
         **conversational(row),

@@ -9,6 +9,7 @@ from datetime import datetime, time, timedelta
 from typing import Any, Callable
 
 from store.db import Connection, transaction
+from store.gold import gold_pairs, gold_seen
 from store.queue import (
     Assignment, Lease, OpenPair, QueueError, close_leases, insert_leases, insert_skips, lease_record, new_token,
     open_leases, open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
@@ -76,6 +77,18 @@ class QueueConfig:
     lease_seconds: int = field(default=600, metadata={"help": "A served pair left unanswered this long goes back to the queue."})
     overlap_share: float = field(default=0.2, metadata={"help": "Share of new pairs that several annotators vote on, to measure agreement."})
     overlap_votes: int = field(default=2, metadata={"help": "Votes wanted on each overlapped pair."})
+    gold_share: float = field(
+        default=0.1,
+        metadata={"help": "Share of the pairs served that are gold pairs (a known answer: `tether gold`), each served to an "
+                          "annotator once, while any is left that they have not seen. Their answers measure each "
+                          "annotator's reliability; with no gold pairs it does nothing."},
+    )
+    flag_reliability_below: float = field(
+        default=0.6,
+        metadata={"help": "An annotator whose estimated reliability (the chance their vote picks the better answer) is "
+                          "below this is flagged to operators in the Data view and by `tether gold status`. Their votes are "
+                          "kept; [reward_model] weight_by_trust counts them by their reliability."},
+    )
 
     def __post_init__(self):
         if self.strategy not in SORT_KEYS:
@@ -88,6 +101,10 @@ class QueueConfig:
             raise ValueError(f"overlap_share must be between 0 and 1, got {self.overlap_share}")
         if self.overlap_votes < 2:
             raise ValueError(f"overlap_votes must be at least 2, got {self.overlap_votes}")
+        if not 0 <= self.gold_share <= 1:
+            raise ValueError(f"gold_share must be between 0 and 1, got {self.gold_share}")
+        if not 0 <= self.flag_reliability_below <= 1:
+            raise ValueError(f"flag_reliability_below must be between 0 and 1, got {self.flag_reliability_below}")
 
     def draw_votes_wanted(self) -> int:
         return self.overlap_votes if random.random() < self.overlap_share else 1
@@ -103,10 +120,11 @@ class _Pair:
     key: tuple
     live: int = 0  # leases live: not closed and not run out
     leases: list[str] = field(default_factory=list)  # leases not closed, run out or not
+    gold: bool = False  # served to each annotator once, at [queue] gold_share, never in the strategy's order
 
     @property
     def room(self) -> int:
-        return self.votes_wanted - self.votes - self.live
+        return 1 if self.gold else self.votes_wanted - self.votes - self.live
 
 
 @dataclass(frozen=True)
@@ -199,6 +217,13 @@ class LiveQueue:
         self.day = now.date()
         self.votes_on_day: Counter[str] = Counter(votes_by_annotator_since(con, datetime.combine(self.day, time())))
         self._add_pairs(con, now)
+        gold = gold_pairs(con)
+        self.gold = [g.pair_id for g in gold]
+        for g in gold:
+            self.pairs[g.pair_id] = _Pair(g.prompt_id, g.completion_a, g.completion_b, votes_wanted=0, votes=0, key=(), gold=True)
+        for annotator, pair_id in gold_seen(con):
+            if pair_id in self.pairs:
+                self.seen[annotator].add(pair_id)
         for lease in sorted(open_leases(con), key=lambda x: x.served_at):
             if lease.pair_id in self.pairs:
                 self._hold(lease, live=lease.expires_at > now)
@@ -234,6 +259,10 @@ class LiveQueue:
         """Sort again by fresh scores (after a reward model scored completions), for the orders that use them."""
         if self.config.strategy in ("uncertain", "active"):
             self._rebuild(con, now)
+
+    def refresh(self, con: Connection, now: datetime) -> None:
+        """Load again from the database: after pairs were marked gold."""
+        self._rebuild(con, now)
 
     # ---- what annotators do ----
 
@@ -339,7 +368,9 @@ class LiveQueue:
         for token in reversed(self.leased_to.get(annotator, [])):  # the newest first
             if token in self.live:
                 return self._showing(self.leases[token])
-        pair_id = self._next_pair_for(annotator)
+        pair_id = self._gold_for(annotator) if self.gold and random.random() < self.config.gold_share else None
+        if pair_id is None:
+            pair_id = self._next_pair_for(annotator)
         if pair_id is None:
             return None
         pair = self.pairs[pair_id]
@@ -360,14 +391,15 @@ class LiveQueue:
         seen = self.seen.get(annotator, set())
         for pair_id in [p for p in seen if p not in self.pairs]:
             seen.discard(pair_id)  # answered by everyone who should: kept no longer
-        return self.available - sum(1 for p in seen if self.pairs[p].room > 0)
+        return self.available - sum(1 for p in seen if self.pairs[p].room > 0 and not self.pairs[p].gold)
 
     def pair_states(self, con: Connection, now: datetime) -> dict[str, int]:
         """Pairs by state, as store.stats.pair_states counts them, from this queue and two counts."""
         self._run_out(now)
         total, retired = pair_totals(con)
-        leased = sum(1 for pair in self.pairs.values() if pair.live)
-        return {"waiting": len(self.pairs) - leased, "leased": leased, "done": total - retired - len(self.pairs), "retired": retired}
+        wanting = [pair for pair in self.pairs.values() if not pair.gold]  # a gold pair has the votes it wants of its own
+        leased = sum(1 for pair in wanting if pair.live)
+        return {"waiting": len(wanting) - leased, "leased": leased, "done": total - retired - len(wanting), "retired": retired}
 
     def votes_today(self, annotator: str, now: datetime) -> int:
         return self.votes_on_day[annotator] if now.date() == self.day else 0
@@ -381,6 +413,12 @@ class LiveQueue:
                 self._end_live(lease)
 
     # ---- inside ----
+
+    def _gold_for(self, annotator: str) -> int | None:
+        """A gold pair this annotator has not been served, at random; None when they have seen them all."""
+        seen = self.seen.get(annotator, ())
+        unseen = [pair_id for pair_id in self.gold if pair_id not in seen]
+        return random.choice(unseen) if unseen else None
 
     def _next_pair_for(self, annotator: str) -> int | None:
         order, pairs = self.order, self.pairs
@@ -430,9 +468,11 @@ class LiveQueue:
     def _adjust(self, pair_id: int, votes: int = 0, live: int = 0) -> None:
         """Count a vote or a lease on a pair; a pair with all its votes leaves."""
         pair = self.pairs[pair_id]
-        had_room = pair.room > 0
-        pair.votes += votes
         pair.live += live
+        if pair.gold:  # it stays, for the annotators who have not answered it
+            return
+        had_room = pair.room + live > 0
+        pair.votes += votes
         self.available += (pair.room > 0) - had_room
         if pair.votes >= pair.votes_wanted:
             del self.pairs[pair_id]

@@ -39,43 +39,49 @@ def add_preferences(con: Connection, preferences: list[NewPreference]) -> Import
     that `tether generate` samples only for prompts imported as prompts (HH's red-team prompts
     make good reward-model data but poor annotation work).
     """
+    with transaction(con):
+        pair_ids = add_preference_pairs(con, preferences, IMPORT, votes_wanted=1)
+        votes = [{"pair_id": pair, "annotator": IMPORT, "choice": "a", "source": IMPORT} for pair in pair_ids]
+        insert_rows(con, "comparisons", votes, _COMPARISON_SCHEMA)
+    return ImportResult(added=len(pair_ids), duplicates=len(preferences) - len(pair_ids))
+
+
+def add_preference_pairs(con: Connection, preferences: list[NewPreference], strategy: str, votes_wanted: int) -> list[int]:
+    """Store each preference not stored before with this strategy as a prompt (reused when present, else new and
+    inactive), two completions and a pair whose completion a is the chosen reply; the new pairs' ids."""
     unique: dict[tuple[str, str, str], NewPreference] = {}
     for preference in preferences:
         unique.setdefault(preference.key, preference)
     with transaction(con):
-        imported = _imported_keys(con, list({key[0] for key in unique}))
-        new = [p for key, p in unique.items() if key not in imported]
+        stored = _stored_keys(con, list({key[0] for key in unique}), strategy)
+        new = [p for key, p in unique.items() if key not in stored]
         insert_new_prompts(con, [p.prompt for p in new], active=False)
         prompt_id = prompt_ids(con, [p.prompt.content_hash for p in new])
         completion_ids = reserve_ids(con, "completion_id", 2 * len(new))
         pair_ids = reserve_ids(con, "pair_id", len(new))
-        completions, pairs, votes = [], [], []
+        completions, pairs = [], []
         for p, pair, chosen, rejected in zip(new, pair_ids, completion_ids[0::2], completion_ids[1::2]):
             prompt = prompt_id[p.prompt.content_hash]
             completions.append({"id": chosen, "prompt_id": prompt, "text": p.chosen})
             completions.append({"id": rejected, "prompt_id": prompt, "text": p.rejected})
-            pairs.append(
-                {"id": pair, "prompt_id": prompt, "completion_a": chosen, "completion_b": rejected, "strategy": IMPORT, "votes_wanted": 1}
-            )
-            votes.append({"pair_id": pair, "annotator": IMPORT, "choice": "a", "source": IMPORT})
+            pairs.append({"id": pair, "prompt_id": prompt, "completion_a": chosen, "completion_b": rejected,
+                          "strategy": strategy, "votes_wanted": votes_wanted})
         insert_rows(con, "completions", completions, _COMPLETION_SCHEMA)
         insert_rows(con, "pairs", pairs, _PAIR_SCHEMA)
-        insert_rows(con, "comparisons", votes, _COMPARISON_SCHEMA)
-    return ImportResult(added=len(new), duplicates=len(preferences) - len(new))
+    return pair_ids
 
 
-def _imported_keys(con: Connection, content_hashes: list[str]) -> set[tuple[str, str, str]]:
-    """(prompt hash, chosen text, rejected text) of the imported votes on these prompts."""
+def _stored_keys(con: Connection, content_hashes: list[str], strategy: str) -> set[tuple[str, str, str]]:
+    """(prompt hash, chosen text, rejected text) of the pairs stored with this strategy on these prompts."""
     rows = con.execute(
         """
         SELECT p.content_hash, chosen.text, rejected.text
-        FROM comparisons v
-        JOIN pairs ON pairs.id = v.pair_id
+        FROM pairs
         JOIN prompts p ON p.id = pairs.prompt_id
         JOIN completions chosen ON chosen.id = pairs.completion_a
         JOIN completions rejected ON rejected.id = pairs.completion_b
-        WHERE v.source = ? AND list_contains(?, p.content_hash)
+        WHERE pairs.strategy = ? AND list_contains(?, p.content_hash)
         """,
-        [IMPORT, content_hashes],
+        [strategy, content_hashes],
     ).fetchall()
     return set(rows)

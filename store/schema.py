@@ -206,4 +206,16 @@ MIGRATIONS = [
         ALTER TABLE completions ADD COLUMN reward_heads DOUBLE[];
         CREATE INDEX completions_prompt ON completions (prompt_id, policy_version);
     """),
+    Migration(8, "gold pairs", """
+        -- A pair whose better answer is known: mixed into annotators' queues ([queue] gold_share), so that each
+        -- annotator's answers on it measure their reliability. Served to everyone once, so its own votes_wanted
+        -- is met when it is marked: the ordinary queue never serves it.
+        CREATE TABLE gold (
+            pair_id INTEGER PRIMARY KEY,
+            answer VARCHAR NOT NULL CHECK (answer IN ('a', 'b')),
+            origin VARCHAR NOT NULL,                -- 'import' (a gold file), 'agreed' (unanimous votes) or 'operator'
+            marked_by VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL
+        );
+    """),
 ]

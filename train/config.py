@@ -186,6 +186,14 @@ class RewardModelConfig:
                           "as the judge agrees with people: its confidence is (agreeing + 1) / (pairs + 2) over the pairs "
                           "both voted on, at least 0.5)."},
     )
+    weight_by_trust: bool = field(
+        default=False,
+        metadata={"help": "Weigh each vote by its annotator's estimated reliability (from gold pairs and agreement with "
+                          "others, as the Data view shows it): a pair's label is its votes' reliability-weighted verdict, a "
+                          "gold pair's its known answer, and the loss takes each label as right with the probability the "
+                          "votes give it (CrowdBT), so a coin-flipper's votes teach nothing. Off, each pair is its votes' "
+                          "majority, taken as certain."},
+    )
     warm_start: bool = field(
         default=True,
         metadata={"help": "Continue from the newest reward-model version's adapter and head, training on the pairs it has "

@@ -6,7 +6,10 @@ The saved model, its encoding and its scores are train.reward_model's. The algor
 2. encode each response with its prompt through the chat template, the response as the assistant
    turn closed by EOS; a sequence over max_length loses the start of its prompt, never a pair;
 3. fit -log sigmoid(r_chosen - r_rejected) with TRL's RewardTrainer, the score being a head's
-   output at the last non-pad token (the EOS that closes the response). Each head k weighs pair i
+   output at the last non-pad token (the EOS that closes the response). A pair whose label is
+   right only with probability c < 1 (its row's confidence) is fitted CrowdBT-style (Chen et al.
+   2013): -log(c sigmoid(d) + (1 - c) sigmoid(-d)), so a vote at c = 0.5 teaches nothing and at
+   c = 1 it is plain Bradley-Terry. Each head k weighs pair i
    by its own bootstrap weight w_ik, 0 or 2 at random ("double or nothing", Owen & Eckles 2012),
    so the heads learn on different resamplings of the votes through one shared adapter: an
    ensemble whose spread is the reward's uncertainty, at the cost of one model. From scratch, a fresh
@@ -199,6 +202,14 @@ def bootstrap_weights(row: PreferenceRow, heads: int, seed: int) -> list[float]:
     return [2.0 * ((bits >> k) & 1) for k in range(heads)]
 
 
+def label_noise_loss(margin: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+    """-log(c sigmoid(margin) + (1 - c) sigmoid(-margin)): the likelihood of a label that is right with probability c.
+
+    At c = 1 it is Bradley-Terry's -log sigmoid(margin) exactly (log(1 - c) = -inf drops out of logaddexp).
+    """
+    return -torch.logaddexp(confidence.log() + F.logsigmoid(margin), torch.log1p(-confidence) + F.logsigmoid(-margin))
+
+
 def _bootstrap_trainer():
     """Defined on first use: importing trl takes seconds."""
     from trl import RewardTrainer
@@ -212,9 +223,10 @@ def _bootstrap_trainer():
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             weights = inputs.pop("weights")  # (B, K)
+            confidence = inputs.pop("confidence")  # (B,)
             outputs = model(**inputs, use_cache=False)
             chosen, rejected = torch.chunk(outputs.logits, chunks=2)  # (B, K) each
-            loss = (weights.to(chosen.dtype) * -F.logsigmoid(chosen - rejected)).mean()
+            loss = (weights.to(chosen.dtype) * label_noise_loss(chosen - rejected, confidence[:, None].to(chosen.dtype))).mean()
             mode = "train" if self.model.training else "eval"
             with torch.no_grad():
                 margin = (chosen - rejected).mean(dim=-1)
@@ -227,11 +239,11 @@ def _bootstrap_trainer():
 
 
 def _fit(
-    model, tokenizer, encoded: EncodedPairs, weights: list[list[float]], config: RewardModelConfig,
+    model, tokenizer, encoded: EncodedPairs, weights: list[list[float]], confidence: list[float], config: RewardModelConfig,
     on_progress: ProgressFn | None, on_cpu: bool,
 ) -> list[float]:
     """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs, each head weighing each pair by
-    weights (N, K); the loss of each step.
+    weights (N, K), each label right with probability `confidence` (N); the loss of each step.
 
     Under accelerate launch the Trainer is data-parallel: each process takes its part of every
     batch, so config.batch_size stays the global batch and must split evenly.
@@ -249,6 +261,7 @@ def _fit(
         "chosen_ids": encoded.chosen_ids,
         "rejected_ids": encoded.rejected_ids,
         "weights": weights,
+        "confidence": confidence,
         "length": [max(len(c), len(r)) for c, r in zip(encoded.chosen_ids, encoded.rejected_ids)],
     })
     progress = _ProgressCallback(on_progress)
@@ -264,7 +277,7 @@ def _fit(
             seed=config.seed,
             # Batches of pairs of like length (shuffled in groups of 50 batches) spend less on padding.
             train_sampling_strategy="group_by_length",
-            remove_unused_columns=False,  # keeps "length" for the sampler and "weights" for the loss
+            remove_unused_columns=False,  # keeps "length" for the sampler, "weights" and "confidence" for the loss
             logging_steps=1,
             save_strategy="no",
             eval_strategy="no",
@@ -294,7 +307,8 @@ def _fit(
         def counting_collate(pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             nonlocal fitted
             fitted += len(pairs)
-            return {**collate(pairs), "weights": torch.tensor([pair["weights"] for pair in pairs])}
+            return {**collate(pairs), "weights": torch.tensor([pair["weights"] for pair in pairs]),
+                    "confidence": torch.tensor([pair["confidence"] for pair in pairs])}
 
         trainer.data_collator = counting_collate
         trainer.train()
@@ -355,7 +369,8 @@ def train_reward_model(
 
     fit_started = time.perf_counter()
     weights = [bootstrap_weights(row, config.heads, config.seed) for row in fit_rows]
-    losses = _fit(model, tokenizer, fitted, weights, config, on_progress, on_cpu=device(base).type == "cpu")
+    confidence = [row.confidence for row in fit_rows]
+    losses = _fit(model, tokenizer, fitted, weights, confidence, config, on_progress, on_cpu=device(base).type == "cpu")
     train_seconds = time.perf_counter() - fit_started
 
     # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where

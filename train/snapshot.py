@@ -35,6 +35,9 @@ class PreferenceRow:
     rejected_completion_id: int | None = None
     chosen_policy: int | None = None  # the policy version that wrote it; None for an imported reply
     rejected_policy: int | None = None
+    # The probability that `chosen` really is the better reply, given who voted: 1 for a plain vote; less where
+    # the votes came from annotators whose reliability is measured below 1 ([reward_model] weight_by_trust).
+    confidence: float = 1.0
 
 
 SCHEMA = pa.schema([  # PreferenceRow's fields, in order
@@ -49,6 +52,7 @@ SCHEMA = pa.schema([  # PreferenceRow's fields, in order
     ("rejected_completion_id", pa.int64()),
     ("chosen_policy", pa.int64()),
     ("rejected_policy", pa.int64()),
+    ("confidence", pa.float64()),
 ])
 
 # Where each row came from: the pair, its prompt, and each reply's completion and the policy that wrote it.

@@ -111,7 +111,7 @@ def test_ai_votes_are_kept_out_of_training_by_default(tiny_project):
     project = load_project(tiny_project)
     job = submit_reward_training(project, project.run)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
-        rows = preference_rows(con, False, "include")
+        rows = preference_rows(con, False, ai_votes="include")
     assert job.config["reward_model"]["ai_votes"] == "include"
     assert [r.pair_id for r in rows] == pairs
     assert (tiny_project / "jobs" / str(job.id) / "inputs" / "preferences.parquet").exists()
@@ -124,7 +124,7 @@ def test_where_people_voted_their_votes_alone_decide_in_training_and_export(tiny
         con.execute("UPDATE pairs SET votes_wanted = 0 WHERE id = ?", [judged_only])
         vote_through_queue(con, "ann", lambda assignment: ("left" if "answer 1" in assignment.left_text else "right", None, None))
         add_ai_votes(con, "ai:judge", [(people, "a", 0.9), (judged_only, "b", 0.2)], utcnow())
-        rows = {r.pair_id: r for r in preference_rows(con, False, "include")}
+        rows = {r.pair_id: r for r in preference_rows(con, False, ai_votes="include")}
         assert rows[people].chosen.startswith("answer 1"), "the person chose b; the judge's 'a' does not count"
         assert rows[judged_only].chosen.startswith("answer 1")
 
@@ -133,6 +133,19 @@ def test_where_people_voted_their_votes_alone_decide_in_training_and_export(tiny
     assert (plain.rows, with_ai.rows) == (1, 2)
     sources = [line.split('"source": ')[1].split(",")[0] for line in (tmp_path / "with-ai.jsonl").read_text().splitlines()]
     assert sources == ['"app"', f'"{AI}"']
+
+
+def test_weighted_ai_labels_are_trusted_as_far_as_the_judge_agrees_with_people(tiny_project):
+    add_pairs(tiny_project, prompts=4)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        pairs = [p.id for p in open_pairs(con)]
+        con.execute("UPDATE pairs SET votes_wanted = 0 WHERE id = ?", [pairs[3]])
+        vote_through_queue(con, "ann", lambda assignment: ("left" if "answer 1" in assignment.left_text else "right", None, None))
+        add_ai_votes(con, "ai:judge", [(pairs[0], "b", 0.1), (pairs[1], "b", 0.2), (pairs[2], "a", 0.7), (pairs[3], "a", 0.9)], utcnow())
+        rows = {r.pair_id: r for r in preference_rows(con, False, ai_votes="weight")}
+    assert [rows[p].confidence for p in pairs[:3]] == [1.0, 1.0, 1.0], "people's labels are not the judge's to weigh"
+    assert rows[pairs[3]].chosen.startswith("answer 0")
+    assert rows[pairs[3]].confidence == pytest.approx((2 + 1) / (3 + 2)), "it agreed with people on 2 of 3 pairs"
 
 
 def test_a_judges_agreement_counts_the_pairs_where_people_chose_a_side():

@@ -343,3 +343,15 @@ def test_calibration_error_is_zero_for_a_calibrated_guess_and_large_for_an_overc
     assert calibration_error(calibrated) == pytest.approx(0, abs=1e-9)
     sure_and_half_wrong = torch.tensor([0.99] * 5 + [0.01] * 5, dtype=torch.float64)
     assert calibration_error(sure_and_half_wrong) == pytest.approx(0.49, abs=1e-9)
+
+
+def test_the_label_noise_loss_is_bradley_terry_for_a_sure_label_and_counts_a_label_by_2c_minus_1():
+    from train.reward import label_noise_loss
+
+    margin = torch.linspace(-4, 4, 9, requires_grad=True)
+    assert torch.allclose(label_noise_loss(margin, torch.ones(9)), -torch.nn.functional.logsigmoid(margin))
+    # At a margin of 0 a label right with probability c pulls with 2c - 1 of a sure label's force: none at all for a coin.
+    for c in (1.0, 0.8, 0.5):
+        margin = torch.zeros(1, requires_grad=True)
+        label_noise_loss(margin, torch.tensor([c])).backward()
+        assert margin.grad.item() == pytest.approx(-(2 * c - 1) / 2, abs=1e-6)

@@ -138,7 +138,7 @@ def submit_reward_training(
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = (read or run)(preference_rows, reward.include_imported, reward.ai_votes)
+    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes)
     if not rows:
         ai = "; the AI judge's votes count only with [reward_model] ai_votes = \"include\" or \"weight\"" if reward.ai_votes == "off" else ""
         raise JobError(f"no resolved comparisons to train on yet: collect votes first, or use --include-imported{ai}")
@@ -305,7 +305,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     prompts = run(prompts_to_generate, policy.version, None)
     held_back = {p.id for p in prompts if is_held_back(p, share)}
     rows = [] if dpo.pairs == "reward_model" else [
-        r for r in (read or run)(preference_rows, False, project.config.reward_model.ai_votes)
+        r for r in (read or run)(preference_rows, False, False, project.config.reward_model.ai_votes)
         if r.prompt_id not in held_back
         and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
     ]
