@@ -538,8 +538,8 @@ class JudgeConfig:
     max_length: int = field(
         default=1024,
         metadata={"help": "Longest judge prompt, in tokens. A longer one loses the start of its conversation, so that both "
-                          "answers survive whole (and, where they alone are too long, the ends of both answers); no pair is "
-                          "ever dropped, and the number cut is reported."},
+                          "answers survive whole; where the answers alone are too long, they lose their ends, the longer one "
+                          "first. No pair is ever dropped, and `tether judge` reports how many were cut."},
     )
 
     def __post_init__(self):
