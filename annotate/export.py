@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from annotate.agreement import JudgeAgreement, agreement_share, agreement_with_people, majority
-from annotate.trust import estimate_reliability, weighted_label
+from annotate.trust import project_reliability, weighted_label
 from store import Connection, StoreError
 from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
-from store.gold import gold_answers, people_votes
+from store.gold import gold_answers
 from train.files import built_beside
 from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
 
@@ -174,7 +174,7 @@ def _judged_confidence(pair: VotedPair, winner: str, judges: dict[str, JudgeAgre
 
 def _label_by_trust(con: Connection) -> Callable[[VotedPair], tuple[str, float] | None]:
     gold = gold_answers(con)
-    reliability = {a: r.reliability for a, r in estimate_reliability(people_votes(con), gold).items()}
+    reliability = {a: r.reliability for a, r in project_reliability(con).items()}
 
     def label(pair: VotedPair) -> tuple[str, float] | None:
         if pair.pair_id in gold:

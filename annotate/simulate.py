@@ -47,16 +47,17 @@ class Votes:
 
 def cast_votes(
     run: Run, queue: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int, rng: random.Random,
-    votes: Votes | None = None,
+    votes: Votes | None = None, coin_flippers: frozenset[str] = frozenset(),
 ) -> Votes:
     """Up to `labels` votes by the simulated annotators in turn, fewer when no one has a pair left, added to `votes`.
+    The annotators in `coin_flippers` ignore the judge and vote at random, as a careless person would.
 
     One call of `run`, so one connection for the whole session, and the queue is loaded once."""
-    return run(_cast_votes, queue, judge, noise, annotators, labels, rng, votes or Votes())
+    return run(_cast_votes, queue, judge, noise, annotators, labels, rng, votes or Votes(), coin_flippers)
 
 
 def _cast_votes(con: Connection, config: QueueConfig, judge: Judge, noise: float, annotators: list[str], labels: int,
-                rng: random.Random, votes: Votes) -> Votes:
+                rng: random.Random, votes: Votes, coin_flippers: frozenset[str]) -> Votes:
     queue = LiveQueue.load(con, config, utcnow())
     goal = votes.cast + labels
     idle = set()  # annotators the queue had nothing for
@@ -73,14 +74,14 @@ def _cast_votes(con: Connection, config: QueueConfig, judge: Judge, noise: float
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
         margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
-        first = prefers_first(margin, noise, rng)
+        first = rng.random() < 0.5 if annotator in coin_flippers else prefers_first(margin, noise, rng)
         choice = "left" if first else "right"
         # serve_next=False: the annotator's next pair is served on its next turn, so none is left leased at the end.
         (voted,) = queue.act(con, [Action("vote", annotator, assignment.token, choice, source="simulate", serve_next=False)], utcnow())
         if voted.refused:
             raise RuntimeError(f"a simulated vote was refused: {voted.refused}")
         votes.cast += 1
-        votes.expected += chance_of_siding(margin, noise)
+        votes.expected += 0.5 if annotator in coin_flippers else chance_of_siding(margin, noise)
         votes.sided += 0.5 if margin == 0 else float(first == (margin > 0))
     return votes
 

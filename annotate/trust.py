@@ -18,8 +18,11 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from store.db import Connection
+from store.gold import gold_answers, people_votes
+
 PRIOR_MEAN = 0.7
-PRIOR_VOTES = 10.0
+PRIOR_VOTES = 4.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ def estimate_reliability(
     return {
         a: Reliability(a, reliability[a], round(counted[a] - PRIOR_VOTES), on_gold[a][0], on_gold[a][1]) for a in annotators
     }
+
+
+def project_reliability(con: Connection) -> dict[str, Reliability]:
+    """Every annotator's reliability from the project's votes and gold pairs."""
+    return estimate_reliability(people_votes(con), gold_answers(con))
 
 
 def _log_odds(reliability: float) -> float:

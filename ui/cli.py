@@ -11,8 +11,11 @@ from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.queue import SORT_KEYS
 from annotate.simulate import UnreachableAgreement
+from annotate.trust import project_reliability
 from store import StoreError
 from store.ai_votes import judge_annotator
+from store.db import utcnow
+from store.gold import agreed_pairs, gold_answers, import_gold_file, mark_gold
 from store.preferences import import_preference_file
 from store.prompts import import_prompt_file, prompts_to_generate
 from store.jobs import job_metrics
@@ -290,6 +293,87 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
         simulate_rounds(project, sim, click.echo)
     except UnreachableAgreement as e:
         raise click.ClickException(f"{e}; give --noise to set the noise yourself") from None
+
+
+@cli.group(cls=TetherGroup)
+def gold():
+    """Gold pairs, whose better answer is known, and how far to trust each annotator.
+
+    The queue mixes gold pairs in at [queue] gold_share, each served to an annotator once. Each
+    annotator's reliability, the chance their vote picks the better answer, is estimated from
+    their gold answers and from agreement with others (Dawid-Skene); `tether gold status` shows it.
+    """
+
+
+@gold.command("import")
+@click.argument("file", type=click.Path(path_type=Path))
+@project_option
+def gold_import(file: Path, project_dir: Path):
+    """Import gold pairs from FILE, a preference file whose chosen reply is the known answer.
+
+    Rows are as `tether import-prefs` reads them (HH transcripts, or `prompt`, `chosen`,
+    `rejected`): a row with no `chosen` has no answer and is refused. One bad row stops the
+    import with its file, row and field, and nothing is imported. Gold pairs imported before are
+    skipped.
+
+    \b
+    Example:
+        tether gold import gold.jsonl --project demo
+    """
+    project = load_project(project_dir)
+    result = project.run(import_gold_file, file, command_line_actor(), utcnow(), project.config.server.import_limits())
+    click.echo(f"imported {result.added} gold pairs from {file} ({result.duplicates} already present)")
+
+
+@gold.command("agreed")
+@click.option("--min-votes", type=click.IntRange(min=2), help="Votes, all for the same answer, a pair needs [default: [queue] overlap_votes].")
+@project_option
+def gold_agreed(min_votes: int | None, project_dir: Path):
+    """Mark as gold every pair on which at least --min-votes people voted, all for the same answer.
+
+    \b
+    Example:
+        tether gold agreed --min-votes 3 --project demo
+    """
+    project = load_project(project_dir)
+    wanted = min_votes or project.config.queue.overlap_votes
+    marked = project.run(lambda con: mark_gold(con, agreed_pairs(con, wanted), "agreed", command_line_actor(), utcnow()))
+    click.echo(f"marked {marked} pairs gold: those with {wanted} or more votes, all alike")
+
+
+@gold.command("mark")
+@click.argument("pair_id", type=int)
+@click.argument("answer", type=click.Choice(["a", "b"]))
+@project_option
+def gold_mark(pair_id: int, answer: str, project_dir: Path):
+    """Mark pair PAIR_ID gold, ANSWER ('a' or 'b', its completion_a or completion_b as the export names them) the better.
+
+    \b
+    Example:
+        tether gold mark 42 b --project demo
+    """
+    project = load_project(project_dir)
+    project.run(mark_gold, {pair_id: answer}, "operator", command_line_actor(), utcnow())
+    click.echo(f"pair {pair_id} is gold, answer {answer}")
+
+
+@gold.command("status")
+@project_option
+def gold_status(project_dir: Path):
+    """Show each annotator's estimated reliability, their gold answers, and who is flagged.
+
+    \b
+    Example:
+        tether gold status --project demo
+    """
+    project = load_project(project_dir)
+    reliability, gold_count = project.run(lambda con: (project_reliability(con), len(gold_answers(con))))
+    below = project.config.queue.flag_reliability_below
+    click.echo(f"{gold_count} gold pairs; annotators below a reliability of {below:.2f} are flagged")
+    click.echo(f"{'annotator':<20}{'reliability':>12}{'measured on':>13}{'gold right':>12}")
+    for r in reliability.values():
+        flag = "  FLAGGED" if r.reliability < below else ""
+        click.echo(f"{r.annotator:<20}{r.reliability:>12.2f}{r.informative_votes:>13}{f'{r.gold_correct}/{r.gold_answered}':>12}{flag}")
 
 
 @cli.group(cls=TetherGroup)

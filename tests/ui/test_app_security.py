@@ -73,7 +73,7 @@ def test_the_same_endpoints_work_for_an_operator(project):
     server = RunningServer(project)
     try:
         operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
-        states, annotators, agreement, judges = operator.predict(api_name="/operator_data")
+        states, _, agreement, _, _, judges = operator.predict(api_name="/operator_data")
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
         assert "0 pairs with two or more votes" in agreement and judges.startswith("No AI judge")
         assert "Imported 28 prompts" in operator.predict(*OPERATOR_CALLS["/import_prompts"], api_name="/import_prompts")

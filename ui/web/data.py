@@ -1,9 +1,11 @@
-"""The Data view: the pairs in each state, each annotator's work, how far annotators agree, and the AI judge."""
+"""The Data view: the pairs in each state, each annotator's work and reliability, how far annotators agree, and the AI judge."""
 
 import gradio as gr
 
 from annotate.agreement import agreement_with_people, fleiss_kappa, percent_agreement
+from annotate.trust import project_reliability
 from store.db import utcnow
+from store.gold import agreed_pairs, gold_answers, mark_gold
 from store.stats import annotator_stats, overlapped_choices
 from ui.owner.jobs import submit_judging
 from ui.owner.server import Server
@@ -29,8 +31,26 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
             f"{len(items)} pairs with two or more votes · Fleiss' kappa {figure(kappa)} · "
             f"raw agreement {figure(agreement, percent=True)}"
         )
+        below = server.project.config.queue.flag_reliability_below
+        reliability, gold = server.snapshot(lambda con: (project_reliability(con), len(gold_answers(con))))
+        trust = [
+            [r.annotator, rounded(r.reliability, 2), r.informative_votes, f"{r.gold_correct} / {r.gold_answered}",
+             f"below {below:.2f}" if r.reliability < below else ""]
+            for r in reliability.values()
+        ]
+        flagged = [r.annotator for r in reliability.values() if r.reliability < below]
+        trust_summary = f"{gold} gold pairs · flagged: {', '.join(flagged) if flagged else 'no one'}"
         judges = "\n".join(f"{judge}: {agreement}" for judge, agreement in server.snapshot(agreement_with_people).items())
-        return [[state, n] for state, n in states.items()], annotators, summary, judges or "No AI judge has voted on a pair people voted on."
+        return ([[state, n] for state, n in states.items()], annotators, summary, trust, trust_summary,
+                judges or "No AI judge has voted on a pair people voted on.")
+
+    @with_error_ids
+    def mark_agreed_gold(request: gr.Request) -> str:
+        user = server.operator(request.username)
+        wanted = server.project.config.queue.overlap_votes
+        marked = server.db(lambda con: mark_gold(con, agreed_pairs(con, wanted), "agreed", user.name, utcnow()))
+        server.db(server.queue.refresh, utcnow())
+        return f"Marked {marked} pairs gold: those with {wanted} or more votes, all alike."
 
     @with_error_ids
     def ask_the_judge(request: gr.Request) -> str:
@@ -46,6 +66,14 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
             headers=["annotator", "votes", "median s / vote", "skip rate", "tie rate"], label="Annotators", interactive=False
         )
         agreement = gr.Textbox(label="Agreement on overlapped pairs", interactive=False)
+        reliability = gr.Dataframe(
+            headers=["annotator", "reliability", "measured on votes", "gold right", "flagged"],
+            label="Reliability: the chance a vote picks the better answer, from gold pairs and agreement with others",
+            interactive=False, elem_id="reliability",
+        )
+        gold = gr.Textbox(label="Gold pairs and flagged annotators", interactive=False, elem_id="gold-summary")
+        mark = gr.Button("Mark pairs everyone agreed on as gold")
+        marked = gr.Textbox(label="Gold", interactive=False)
         with gr.Row(equal_height=True):
             judges = gr.Textbox(label="AI judges' agreement with people, on pairs both voted on where people chose a side "
                                       "(their votes are kept apart: [reward_model] ai_votes says whether they train)",
@@ -53,7 +81,8 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
             judge = gr.Button("Ask the AI judge", scale=1)
         judged = gr.Textbox(label="Result", interactive=False)
 
-    outputs = [states, annotators, agreement, judges]
+    outputs = [states, annotators, agreement, reliability, gold, judges]
+    mark.click(mark_agreed_gold, outputs=[marked], api_name="mark_agreed_gold", api_visibility="undocumented")
     refresh.click(operator_data, outputs=outputs, api_name="operator_data", api_visibility="undocumented")
     gr.on([operator_tab.select, tab.select, timer.tick], operator_data, outputs=outputs, **QUIET)
     judge.click(ask_the_judge, outputs=[judged], api_name="ask_the_judge", api_visibility="undocumented")
