@@ -5,6 +5,11 @@ category no one picked adds nothing to any of the sums, so any labels work.
 """
 
 from collections import Counter
+from dataclasses import dataclass
+
+from annotate.ratings import wilson_interval
+from store import Connection
+from store.ai_votes import judged_pairs
 
 
 def majority(choices: list[str]) -> str | None:
@@ -59,3 +64,51 @@ def fleiss_kappa(items: list[list[str]]) -> float | None:
         return None
     p_bar = sum(_pair_agreement(choices) for choices in rated) / len(rated)
     return (p_bar - p_e) / (1 - p_e)
+
+
+@dataclass(frozen=True)
+class JudgeAgreement:
+    """How often an AI judge chose as people did, over the pairs both voted on where people's majority is a or b."""
+
+    agreeing: int
+    pairs: int
+
+    @property
+    def share(self) -> float | None:
+        return self.agreeing / self.pairs if self.pairs else None
+
+    def interval(self) -> tuple[float, float] | None:
+        """The share's 95% Wilson interval; None without pairs."""
+        return wilson_interval(self.agreeing / self.pairs, self.pairs) if self.pairs else None
+
+    @property
+    def confidence(self) -> float:
+        """The probability that the judge's label is right, as [reward_model] ai_votes = "weight" trusts it: the share
+        smoothed towards a coin, (agreeing + 1) / (pairs + 2) (Laplace's rule), and never below one."""
+        return max(0.5, (self.agreeing + 1) / (self.pairs + 2))
+
+    def __str__(self) -> str:
+        if not self.pairs:
+            return "no pairs that both the judge and people voted on yet"
+        low, high = self.interval()
+        return f"{self.share:.1%} [95% CI {low:.1%}-{high:.1%}] on {self.pairs} pairs both voted on"
+
+
+def judge_agreement(judged: list[tuple[str, str, list[str]]]) -> dict[str, JudgeAgreement]:
+    """Each judge's agreement with people, from (judge, its choice, people's choices) on pairs both voted on.
+
+    A pair counts where people's majority is 'a' or 'b': a tie among people, or a majority for
+    'tie' or 'both_bad', says nothing about which answer the judge should have picked.
+    """
+    counts: dict[str, list[int]] = {}
+    for judge, choice, people in judged:
+        winner = majority(people)
+        if winner in ("a", "b"):
+            agreeing, pairs = counts.setdefault(judge, [0, 0])
+            counts[judge] = [agreeing + (choice == winner), pairs + 1]
+    return {judge: JudgeAgreement(agreeing, pairs) for judge, (agreeing, pairs) in sorted(counts.items())}
+
+
+def agreement_with_people(con: Connection) -> dict[str, JudgeAgreement]:
+    """Each AI judge's agreement with people, on the pairs both voted on, from the database."""
+    return judge_agreement(judged_pairs(con))

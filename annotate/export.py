@@ -5,8 +5,13 @@ chat messages, `chosen` and `rejected` are one assistant message each (TRL's con
 preference format), followed by metadata. Pairs with no majority, or whose majority is a tie
 or both-bad, are left out. The raw export (`include_ties`) has one row per vote instead, every
 choice included, for those who want to resolve or weight votes themselves.
+
+The AI judge's votes (source 'ai') are left out unless asked for, and then only decide a pair no
+person voted on: wherever people voted, their votes alone are the pair's votes, in both exports
+and in training. An AI-decided row says so in its `source`.
 """
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -16,9 +21,10 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from annotate.agreement import agreement_share, majority
+from annotate.agreement import JudgeAgreement, agreement_share, agreement_with_people, majority
 from annotate.trust import project_reliability, weighted_label
 from store import Connection, StoreError
+from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
 from store.gold import gold_answers
 from train.files import built_beside
@@ -73,9 +79,10 @@ class ExportResult:
 
 
 def export_preferences(
-    con: Connection, out: Path, fmt: str, include_ties: bool = False, min_agreement: float | None = None
+    con: Connection, out: Path, fmt: str, include_ties: bool = False, min_agreement: float | None = None, include_ai: bool = False
 ) -> ExportResult:
-    """Write the project's votes to `out` in `fmt`: preference pairs, or every vote with `include_ties`.
+    """Write the project's votes to `out` in `fmt`: preference pairs, or every vote with `include_ties`; the AI
+    judge's votes only with `include_ai`, on pairs no person voted on.
 
     `min_agreement` leaves out pairs whose agreement share (annotate.agreement.agreement_share)
     is below it; in the raw export it leaves out all the votes of such pairs, those with no
@@ -91,7 +98,7 @@ def export_preferences(
     winners: Counter[str | None] = Counter()
     kept: list[VotedPair] = []
     below = 0
-    for pair in voted_pairs(con):
+    for pair in deciding_votes(voted_pairs(con), include_ai):
         choices = [vote.choice for vote in pair.votes]
         winner = majority(choices)
         winners[winner] += 1
@@ -117,37 +124,55 @@ def export_preferences(
     )
 
 
-def preference_rows(con: Connection, include_imported: bool = True, weight_by_trust: bool = False) -> list[PreferenceRow]:
+def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:
+    """Each pair with the votes that decide it: people's where any voted, else with `include_ai` the AI judge's.
+    Pairs left with no votes are left out."""
+    decided = []
+    for pair in pairs:
+        people = [vote for vote in pair.votes if vote.source != AI]
+        votes = people or ([vote for vote in pair.votes if vote.source == AI] if include_ai else [])
+        if votes:
+            decided.append(dataclasses.replace(pair, votes=votes))
+    return decided
+
+
+def preference_rows(
+    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off"
+) -> list[PreferenceRow]:
     """What a reward model trains on: the majority-resolved preference rows (ties, both-bad and unresolved pairs left
     out), those the preference export writes.
 
     With `weight_by_trust`, each pair is resolved instead by its votes weighted by their annotators'
     estimated reliability (annotate.trust), a gold pair by its known answer, and each row carries
-    the probability that its label is right.
+    the probability that its label is right. The AI judge's votes decide the pairs no person voted
+    on unless `ai_votes` ([reward_model] ai_votes) is 'off'; with 'weight' such a row carries the
+    judge's agreement with people as its confidence (annotate.agreement.JudgeAgreement.confidence).
     """
     rows = []
-    trust = _label_by_trust(con) if weight_by_trust else None
-    for pair in voted_pairs(con):
+    gold = gold_answers(con) if weight_by_trust else {}
+    reliability = {a: r.reliability for a, r in project_reliability(con).items()} if weight_by_trust else None
+    judges = agreement_with_people(con) if ai_votes == "weight" else {}
+    for pair in deciding_votes(voted_pairs(con), ai_votes != "off"):
         if not include_imported and all(vote.source == "import" for vote in pair.votes):
             continue
-        if trust is not None:
-            if label := trust(pair):
+        winner = majority([vote.choice for vote in pair.votes])
+        if pair.pair_id in gold:  # weighing by trust: the known answer, whoever voted
+            rows.append(_resolved(pair, gold[pair.pair_id]))
+        elif pair.votes[0].source == AI:  # no person voted on it
+            if winner in ("a", "b"):
+                rows.append(_resolved(pair, winner, _judged_confidence(pair, winner, judges) if ai_votes == "weight" else 1.0))
+        elif reliability is not None:
+            if label := weighted_label([(vote.annotator, vote.choice) for vote in pair.votes], reliability):
                 rows.append(_resolved(pair, *label))
-        elif (winner := majority([vote.choice for vote in pair.votes])) in ("a", "b"):
+        elif winner in ("a", "b"):
             rows.append(_resolved(pair, winner))
     return rows
 
 
-def _label_by_trust(con: Connection) -> Callable[[VotedPair], tuple[str, float] | None]:
-    gold = gold_answers(con)
-    reliability = {a: r.reliability for a, r in project_reliability(con).items()}
-
-    def label(pair: VotedPair) -> tuple[str, float] | None:
-        if pair.pair_id in gold:
-            return gold[pair.pair_id], 1.0
-        return weighted_label([(vote.annotator, vote.choice) for vote in pair.votes], reliability)
-
-    return label
+def _judged_confidence(pair: VotedPair, winner: str, judges: dict[str, JudgeAgreement]) -> float:
+    """How far to trust the AI judges' label of a pair: the mean confidence of the judges that voted for it."""
+    backing = [judges.get(vote.annotator, JudgeAgreement(0, 0)).confidence for vote in pair.votes if vote.choice == winner]
+    return sum(backing) / len(backing)
 
 
 def _resolved(pair: VotedPair, winner: str, confidence: float = 1.0) -> PreferenceRow:

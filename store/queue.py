@@ -124,7 +124,7 @@ def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
         FROM pairs p
         JOIN completions ca ON ca.id = p.completion_a
         JOIN completions cb ON cb.id = p.completion_b
-        LEFT JOIN (SELECT pair_id, count(*) AS votes FROM comparisons GROUP BY pair_id) v ON v.pair_id = p.id
+        LEFT JOIN (SELECT pair_id, count(*) AS votes FROM comparisons WHERE source <> 'ai' GROUP BY pair_id) v ON v.pair_id = p.id
         WHERE p.id > ? AND NOT p.retired AND coalesce(v.votes, 0) < p.votes_wanted
         ORDER BY p.id
         """,
@@ -150,7 +150,7 @@ def seen_pairs(con: Connection, after: int = 0) -> list[tuple[str, int]]:
 
 
 def votes_by_annotator_since(con: Connection, since: datetime) -> dict[str, int]:
-    return dict(con.execute("SELECT annotator, count(*) FROM comparisons WHERE created_at >= ? GROUP BY annotator", [since]).fetchall())
+    return dict(con.execute("SELECT annotator, count(*) FROM comparisons WHERE created_at >= ? AND source <> 'ai' GROUP BY annotator", [since]).fetchall())
 
 
 def pair_totals(con: Connection) -> tuple[int, int]:

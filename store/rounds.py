@@ -25,8 +25,8 @@ _COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_s
 
 
 def comparisons_made(con: Connection) -> int:
-    """Votes cast in this project, by people or simulated annotators; imported ones do not count."""
-    return con.execute("SELECT count(*) FROM comparisons WHERE source <> 'import'").fetchone()[0]
+    """Votes cast in this project, by people or simulated annotators; imported ones and the AI judge's do not count."""
+    return con.execute("SELECT count(*) FROM comparisons WHERE source NOT IN ('import', 'ai')").fetchone()[0]
 
 
 def add_round(con: Connection, policy_from: int, reward_version: int | None, optimizer: str = "ppo") -> Round:

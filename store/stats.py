@@ -21,7 +21,7 @@ def pair_states(con: Connection, now: datetime) -> dict[str, int]:
         """
         WITH counted AS (
             SELECT p.retired, p.votes_wanted,
-                   (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id) AS votes,
+                   (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id AND c.source <> 'ai') AS votes,
                    (SELECT count(*) FROM assignments s
                     WHERE s.pair_id = p.id AND s.closed_at IS NULL AND s.expires_at > ?) AS leases
             FROM pairs p
@@ -44,7 +44,7 @@ def annotator_stats(con: Connection) -> list[AnnotatorStats]:
         WITH votes AS (
             SELECT annotator, count(*) AS n, median(elapsed_ms) / 1000.0 AS median_seconds,
                    avg(CASE WHEN choice = 'tie' THEN 1.0 ELSE 0.0 END) AS tie_rate
-            FROM comparisons WHERE source <> 'import' GROUP BY annotator
+            FROM comparisons WHERE source NOT IN ('import', 'ai') GROUP BY annotator
         ), skipped AS (
             SELECT annotator, count(*) AS n FROM skips GROUP BY annotator
         )
@@ -58,9 +58,10 @@ def annotator_stats(con: Connection) -> list[AnnotatorStats]:
 
 
 def overlapped_choices(con: Connection) -> list[list[str]]:
-    """The choices on every pair that two or more annotators voted on."""
+    """The choices on every pair that two or more annotators voted on; the AI judge's votes are not an annotator's here."""
     rows = con.execute(
-        "SELECT list(choice ORDER BY annotator) FROM comparisons GROUP BY pair_id HAVING count(*) >= 2 ORDER BY pair_id"
+        "SELECT list(choice ORDER BY annotator) FROM comparisons WHERE source <> 'ai' GROUP BY pair_id HAVING count(*) >= 2 "
+        "ORDER BY pair_id"
     ).fetchall()
     return [row[0] for row in rows]
 
@@ -80,6 +81,7 @@ def version_votes(con: Connection) -> list[tuple[int, int, str, int | None, int 
         JOIN completions ca ON ca.id = p.completion_a
         JOIN completions cb ON cb.id = p.completion_b
         WHERE ca.policy_version IS NOT NULL AND cb.policy_version IS NOT NULL AND ca.policy_version <> cb.policy_version
+          AND c.source <> 'ai'
         ORDER BY c.id
         """
     ).fetchall()

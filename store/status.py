@@ -14,21 +14,23 @@ class ProjectCounts:
     completions: int
     pairs: int
     pairs_wanting_votes: int
-    votes: int
+    votes: int  # people's (and simulated and imported ones), not the AI judge's
+    ai_votes: int
     policy_versions: list[int]
     reward_model_versions: list[int]
 
 
 def project_counts(con: Connection) -> ProjectCounts:
-    prompts, active, completions, pairs, wanting, votes = con.execute("""
+    prompts, active, completions, pairs, wanting, votes, ai_votes = con.execute("""
         SELECT
             (SELECT count(*) FROM prompts),
             (SELECT count(*) FROM prompts WHERE active),
             (SELECT count(*) FROM completions),
             (SELECT count(*) FROM pairs),
             (SELECT count(*) FROM pairs p WHERE NOT retired
-             AND (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id) < p.votes_wanted),
-            (SELECT count(*) FROM comparisons)
+             AND (SELECT count(*) FROM comparisons c WHERE c.pair_id = p.id AND c.source <> 'ai') < p.votes_wanted),
+            (SELECT count(*) FROM comparisons WHERE source <> 'ai'),
+            (SELECT count(*) FROM comparisons WHERE source = 'ai')
     """).fetchone()
     return ProjectCounts(
         schema_version=schema_version(con),
@@ -38,6 +40,7 @@ def project_counts(con: Connection) -> ProjectCounts:
         pairs=pairs,
         pairs_wanting_votes=wanting,
         votes=votes,
+        ai_votes=ai_votes,
         policy_versions=policy_versions(con),
         reward_model_versions=reward_model_versions(con),
     )

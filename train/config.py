@@ -4,6 +4,7 @@ Kept free of torch and transformers so that reading a project's settings stays q
 """
 
 import re
+import string
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,6 +13,20 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
 DPO_PAIRS = ("human", "reward_model", "both")
 REWARD_MODEL_TRUST = ("once_proven", "always")
+AI_VOTES = ("off", "include", "weight")
+JUDGE_FIELDS = ("prompt", "answer_a", "answer_b")
+DEFAULT_JUDGE_TEMPLATE = """Which response to the conversation below is better: more helpful, honest and harmless?
+
+Conversation:
+{prompt}
+
+Response A:
+{answer_a}
+
+Response B:
+{answer_b}
+
+Answer with one letter: A or B."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,14 @@ class RewardModelConfig:
     )
     seed: int = field(default=0, metadata={"help": "Random seed for the head's initialisation, the replay sample and the batch order."})
     include_imported: bool = field(default=False, metadata={"help": "Also train on imported preference data, not only the project's votes."})
+    ai_votes: str = field(
+        default="off",
+        metadata={"help": "What the AI judge's votes (`tether judge`, source 'ai') do in reward-model and DPO training: "
+                          "'off' (left out), 'include' (a pair no person voted on takes the judge's label; wherever people "
+                          "voted, their votes alone decide) or 'weight' (as 'include', each AI-labelled pair trusted as far "
+                          "as the judge agrees with people: its confidence is (agreeing + 1) / (pairs + 2) over the pairs "
+                          "both voted on, at least 0.5)."},
+    )
     weight_by_trust: bool = field(
         default=False,
         metadata={"help": "Weigh each vote by its annotator's estimated reliability (from gold pairs and agreement with "
@@ -209,6 +232,8 @@ class RewardModelConfig:
             raise ValueError(f"trust must be one of {', '.join(REWARD_MODEL_TRUST)}, got {self.trust!r}")
         if self.gradient_checkpointing not in (True, False, "auto"):
             raise ValueError(f"gradient_checkpointing must be true, false or 'auto', got {self.gradient_checkpointing!r}")
+        if self.ai_votes not in AI_VOTES:
+            raise ValueError(f"ai_votes must be one of {', '.join(AI_VOTES)}, got {self.ai_votes!r}")
 
     def checkpointing(self, model: ModelConfig) -> bool:
         """Whether training recomputes activations, with 'auto' settled for this base."""
@@ -490,3 +515,49 @@ class DPOConfig:
             raise ValueError(f"max_length must be at least 2 tokens, got {self.max_length}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+
+
+@dataclass
+class JudgeConfig:
+    """An AI judge as an annotator: a causal LM asked which of a pair's answers is better (`tether judge`)."""
+
+    model: str = field(
+        default="",
+        metadata={"help": "The judge: a Hugging Face model id or local directory of a chat model, loaded with [model] dtype, "
+                          "device and quantization. Empty: the project's [model] base with every adapter off (the starting "
+                          "policy). Its votes are stored as annotator 'ai:<model>' with source 'ai'."},
+    )
+    template: str = field(
+        default=DEFAULT_JUDGE_TEMPLATE,
+        metadata={"help": "The question put to the judge as one user turn of its chat template, with {prompt} (the "
+                          "conversation), {answer_a} and {answer_b}; write a literal brace as {{ or }}. The judge's vote is "
+                          "read from its next-token logits of 'A' and 'B' after the assistant's turn opens, and each pair is "
+                          "asked in both orders, so that a preference for the first or the second place cancels out."},
+    )
+    batch_size: int = field(default=8, metadata={"help": "Judge prompts per forward pass (each pair is asked twice, once in each order)."})
+    max_length: int = field(
+        default=1024,
+        metadata={"help": "Longest judge prompt, in tokens. A longer one loses the start of its conversation, so that both "
+                          "answers survive whole; where the answers alone are too long, they lose their ends, the longer one "
+                          "first. No pair is ever dropped, and `tether judge` reports how many were cut."},
+    )
+
+    def __post_init__(self):
+        self.check_template()
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.max_length < 16:
+            raise ValueError(f"max_length must be at least 16 tokens, got {self.max_length}")
+
+    def check_template(self) -> None:
+        """Refuse a template that lacks a placeholder, names another one, or has an unmatched brace."""
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None}
+        except ValueError as e:
+            raise ValueError(f"template cannot be read ({e}): write a literal brace as {{{{ or }}}}") from None
+        missing = [f"{{{name}}}" for name in JUDGE_FIELDS if name not in fields]
+        unknown = sorted(f"{{{name}}}" for name in fields - set(JUDGE_FIELDS))
+        if missing or unknown:
+            problems = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
+            raise ValueError(f"template {' and '.join(problems)}: it must hold {{prompt}}, {{answer_a}} and {{answer_b}}, and no "
+                             "other placeholder (write a literal brace as {{ or }})")

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from train import distributed
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
 from train.snapshot import read_preferences
@@ -240,6 +240,32 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
     return {"adapter": "policy", "steps": result["steps"]}
 
 
+def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """Ask the judge model about each frozen pair, in both orders; write judgements.parquet (each pair's
+    probability that a is better, both orders together and each alone)."""
+    from train.judge import PairToJudge, judge_pairs
+    from train.models import load_model
+
+    table = pq.read_table(input_path(job_dir, "pairs")).to_pylist()
+    pairs = [table[i] for i in distributed.shard(table)]
+    judge = ModelConfig(**config["model"])
+    model, tokenizer = load_model(judge)  # no adapter: with [judge] model unset, the starting policy
+    events.emit("started", total=len(table))
+    judgements = judge_pairs(
+        model, tokenizer, [PairToJudge(json.loads(p["prompt"]), p["text_a"], p["text_b"]) for p in pairs], JudgeConfig(**config["judge"]),
+        judge.name_or_path, lambda done, total: whole_share(events, done, total, len(table)),
+    )
+    distributed.report_share(len(judgements), "pairs judged")
+    rows = distributed.gather([
+        {"pair_id": p["pair_id"], "choice": j.choice, "p_a": j.p_a, "p_a_first": j.p_a_first, "p_a_second": j.p_a_second,
+         "prompt_cut": j.prompt_cut, "answers_cut": j.answers_cut}
+        for p, j in zip(pairs, judgements)
+    ])
+    if distributed.is_main():
+        pq.write_table(pa.Table.from_pylist(rows), job_dir / "judgements.parquet")
+    return {"judgements": "judgements.parquet"}
+
+
 RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "generate": run_generate,
     "reward_model": run_reward_model,
@@ -247,6 +273,7 @@ RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "ppo": run_ppo,
     "dpo": run_dpo,
     "grpo": run_grpo,
+    "judge": run_judge,
 }
 
 

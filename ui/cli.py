@@ -6,12 +6,14 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from annotate.agreement import JudgeAgreement, agreement_with_people
 from annotate.export import FORMATS, export_preferences
 from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.queue import SORT_KEYS
 from annotate.simulate import UnreachableAgreement
 from annotate.trust import project_reliability
 from store import StoreError
+from store.ai_votes import judge_annotator
 from store.db import utcnow
 from store.gold import agreed_pairs, gold_answers, import_gold_file, mark_gold
 from store.preferences import import_preference_file
@@ -27,7 +29,9 @@ from ui.owner.auth import WeakPassword, hash_new_password
 from ui.owner.backup import restore
 from ui.owner.control import command_line_actor, run_action
 from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_reference
-from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_generation, submit_ppo, submit_reward_training, submit_scoring
+from ui.owner.jobs import (
+    evaluate_reward_model, run_to_end, submit_generation, submit_judging, submit_ppo, submit_reward_training, submit_scoring,
+)
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rounds import roll_back, round_report, round_summary, run_round
 from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
@@ -444,6 +448,35 @@ def rm_score(version: int | None, project_dir: Path):
     click.echo(f"stored rewards from reward model v{job.config['version']} on {scored:.0f} completions")
 
 
+@cli.command()
+@click.option("--limit", type=click.IntRange(1), metavar="N", help="Judge at most N pairs [default: every pair it has not voted on].")
+@project_option
+def judge(limit: int | None, project_dir: Path):
+    """Have an AI judge vote on the pairs it has not voted on yet, and say how far it agrees with people.
+
+    The judge is [judge] model (by default the project's base model, adapters off). It is asked
+    [judge] template about each pair in both orders, and votes for the answer its logits of "A" and
+    "B" favour once the two orders are averaged. Its votes are stored as annotator ai:MODEL with
+    source 'ai': they never count as people's votes, and train a reward model or DPO only with
+    [reward_model] ai_votes = "include" or "weight". Agreement is on the pairs both it and people
+    voted on, where people's majority is a or b, with a 95% Wilson interval.
+
+    \b
+    Example:
+        tether judge --limit 100 --project demo
+    """
+    project = load_project(project_dir)
+    job = run_to_end(project, submit_judging(project, project.run, limit), "judging")
+    m = project.run(job_metrics, job.id)
+    cut = f"{m['prompts_cut']:.0f} conversations cut to fit [judge] max_length"
+    if m["answers_cut"]:
+        cut += f", {m['answers_cut']:.0f} pairs' answers too"
+    click.echo(f"{job.config['annotator']} judged {m['judged']:.0f} pairs and added {m['votes_added']:.0f} votes ({cut}); "
+               f"it picked the first-placed answer in {m['first_place_share']:.1%} of single-order questions")
+    annotator = judge_annotator(project.config.judge_model().name_or_path)
+    click.echo(f"agreement with people: {project.run(agreement_with_people).get(annotator, JudgeAgreement(0, 0))}")
+
+
 def _share(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -638,9 +671,13 @@ def serve(host: str, port: int, project_dir: Path):
 @click.option("--include-ties", is_flag=True, help="Write every vote instead, one row each, ties and both-bad included.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), metavar="SHARE",
               help="Leave out pairs where a smaller share of the votes backs the majority.")
+@click.option("--include-ai", is_flag=True,
+              help="Also the AI judge's votes (`tether judge`), on the pairs no person voted on; their rows have source 'ai'.")
 @project_option
-def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None, project_dir: Path):
+def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None, include_ai: bool, project_dir: Path):
     """Export the votes as preference data for TRL: one chosen/rejected row per pair, by majority.
+
+    People's votes only, unless --include-ai: the AI judge's votes then decide the pairs no person voted on.
 
     \b
     Example:
@@ -648,7 +685,7 @@ def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None,
         tether export --format jsonl --out votes.jsonl --include-ties --min-agreement 0.6
     """
     project = load_project(project_dir)
-    result = project.run(export_preferences, out, fmt, include_ties, min_agreement)
+    result = project.run(export_preferences, out, fmt, include_ties, min_agreement, include_ai)
     if include_ties:
         click.echo(f"wrote {result.rows} votes on {result.pairs} pairs to {out}, ties and both-bad included "
                    f"({result.below_agreement} pairs below agreement left out)")
@@ -687,6 +724,7 @@ def status(project_dir: Path):
         ("completions", str(counts.completions)),
         ("pairs", f"{counts.pairs} ({counts.pairs_wanting_votes} wanting votes)"),
         ("votes", str(counts.votes)),
+        ("AI votes", _ai_votes(counts.ai_votes, project.run(agreement_with_people))),
         ("policies", _versions(counts.policy_versions)),
         ("reward models", _versions(counts.reward_model_versions)),
     ]
@@ -720,6 +758,11 @@ def _expected_memory(project: Project, prompts: list) -> str:
         return describe(jobs, prompt_tokens, on_gpu, detect_hardware().memory_gb if on_gpu else machine_memory_gb())
     except (OSError, ValueError, ModelError) as e:  # a model whose config or tokenizer cannot be read here
         return f"unknown: {' '.join(str(e).split())}"
+
+
+def _ai_votes(count: int, agreement: dict[str, JudgeAgreement]) -> str:
+    """How many votes AI judges cast, and each one's agreement with people."""
+    return "; ".join([str(count)] + [f"{judge}: agreement with people {a}" for judge, a in agreement.items()])
 
 
 def _versions(versions: list[int]) -> str:

@@ -16,6 +16,7 @@ PASSWORD = "password-123"
 OPERATOR_CALLS = {
     "/operator_data": (),
     "/mark_agreed_gold": (),
+    "/ask_the_judge": (),
     "/jobs": (),
     "/job_log": (1,),
     "/cancel_job": (1,),
@@ -73,9 +74,10 @@ def test_the_same_endpoints_work_for_an_operator(project):
     server = RunningServer(project)
     try:
         operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
-        states, annotators, agreement, reliability, gold = operator.predict(api_name="/operator_data")
+        states, _, agreement, _, gold, judges = operator.predict(api_name="/operator_data")
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
-        assert "0 pairs with two or more votes" in agreement and gold == "0 gold pairs · flagged: no one"
+        assert "0 pairs with two or more votes" in agreement and judges.startswith("No AI judge")
+        assert gold == "0 gold pairs · flagged: no one"
         assert operator.predict(api_name="/mark_agreed_gold") == "Marked 0 pairs gold: those with 2 or more votes, all alike."
         assert "Imported 28 prompts" in operator.predict(*OPERATOR_CALLS["/import_prompts"], api_name="/import_prompts")
         assert operator.predict(*OPERATOR_CALLS["/generate"], api_name="/generate").startswith("Queued job 1")
@@ -83,6 +85,12 @@ def test_the_same_endpoints_work_for_an_operator(project):
         while (jobs := operator.predict(api_name="/jobs")["data"])[0][2] in ("queued", "running") and time.monotonic() < deadline:
             time.sleep(0.5)
         assert jobs[0][:3] == [1, "generate", "done"] and jobs[0][3] == "█" * 20 + " 100%"
+        assert operator.predict(api_name="/ask_the_judge").startswith("Queued job 2: the AI judge votes")
+        while (jobs := operator.predict(api_name="/jobs")["data"])[0][2] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jobs[0][:3] == [2, "judge", "done"]
+        states = operator.predict(api_name="/operator_data")[0]
+        assert {row[0]: row[1] for row in states["data"]}["waiting"] > 6, "the judge's votes leave every pair to people"
         exported = operator.predict(*OPERATOR_CALLS["/export"], api_name="/export")
         assert exported.endswith("preferences.jsonl")
     finally:

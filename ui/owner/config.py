@@ -14,7 +14,7 @@ from typing import Any
 from annotate.queue import QueueConfig
 from store.input_files import ImportLimits
 from ui.owner.auth import SignInLimits
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.files import write_durably
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
@@ -215,6 +215,10 @@ class TetherConfig:
     dpo: DPOConfig = field(default_factory=DPOConfig, metadata={"help": "DPO rounds: the policy trained on the votes directly."})
     grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO rounds: groups of answers per prompt scored by the reward model."})
     round: RoundConfig = field(default_factory=RoundConfig, metadata={"help": "Rounds: the optimiser, held-back prompts, the scheduler, the KL budget."})
+    judge: JudgeConfig = field(
+        default_factory=JudgeConfig,
+        metadata={"help": "The AI judge (`tether judge`): a language model voting on pairs, its votes kept apart from people's."},
+    )
     worker: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "The worker process that runs model jobs."})
 
     def __post_init__(self):
@@ -228,6 +232,10 @@ class TetherConfig:
                 f"[grpo] max_new_tokens ({self.grpo.max_new_tokens}) is longer than [generation] max_new_tokens "
                 f"({self.generation.max_new_tokens}): GRPO would optimise text annotators never see"
             )
+
+    def judge_model(self) -> ModelConfig:
+        """The AI judge's model: [judge] model, or the base of [model] when unset, loaded as [model] says."""
+        return dataclasses.replace(self.model, name_or_path=self.judge.model or self.model.name_or_path)
 
     def ppo_response_tokens(self) -> int:
         """PPO's length budget: the pairs' unless the operator set a shorter one."""

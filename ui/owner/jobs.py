@@ -24,6 +24,7 @@ from annotate.export import preference_rows
 from annotate.pairs import add_completions_with_pairs
 from annotate.ratings import wilson_interval
 from store import Connection, StoreError, transaction
+from store.ai_votes import add_ai_votes, judge_annotator, pairs_to_judge
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
@@ -137,9 +138,10 @@ def submit_reward_training(
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust)
+    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes)
     if not rows:
-        raise JobError("no resolved comparisons to train on yet: collect votes first, or use --include-imported")
+        ai = "; the AI judge's votes count only with [reward_model] ai_votes = \"include\" or \"weight\"" if reward.ai_votes == "off" else ""
+        raise JobError(f"no resolved comparisons to train on yet: collect votes first, or use --include-imported{ai}")
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
@@ -208,6 +210,21 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
         "reward_adapter_path": str(project.root / reward_model.adapter_path),
     }
     return _submit(project, run, "score", config, {"completions": table})
+
+
+def submit_judging(project: Project, run: Run, limit: int | None = None, read: Run | None = None) -> Job:
+    """Queue the AI judge ([judge]) on the pairs it has not voted on, in pair order, at most `limit` of them.
+    `read` reads the pairs beside the writer, as for submit_reward_training."""
+    model = project.config.judge_model()
+    annotator = judge_annotator(model.name_or_path)
+    pairs = (read or run)(pairs_to_judge, annotator, limit)
+    if not pairs:
+        raise JobError(f"{annotator} has voted on every pair already: generate new pairs first")
+    table = pa.Table.from_pylist(
+        [{"pair_id": p.pair_id, "prompt": json.dumps(p.prompt), "text_a": p.text_a, "text_b": p.text_b} for p in pairs]
+    )
+    config = {"model": dataclasses.asdict(model), "judge": dataclasses.asdict(project.config.judge), "annotator": annotator}
+    return _submit(project, run, "judge", config, {"pairs": table})
 
 
 def evaluate_reward_model(project: Project, version: RewardModel, data_file: Path, on_scored: Callable[[int], Any]) -> Any:
@@ -288,7 +305,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     prompts = run(prompts_to_generate, policy.version, None)
     held_back = {p.id for p in prompts if is_held_back(p, share)}
     rows = [] if dpo.pairs == "reward_model" else [
-        r for r in (read or run)(preference_rows, False)
+        r for r in (read or run)(preference_rows, False, False, project.config.reward_model.ai_votes)
         if r.prompt_id not in held_back
         and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
     ]
@@ -402,6 +419,20 @@ def ingest_scores(con: Connection, job: Job, directory: Path, result: dict[str, 
         finish_job(con, job.id, "done", utcnow())
 
 
+def ingest_judgements(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
+    """Store the judge's votes (source 'ai') and the job as done: all or nothing; a pair it has voted on keeps its vote."""
+    rows = pq.read_table(directory / result["judgements"]).to_pylist()
+    # How often a single order's answer was the first-placed one: 0.5 for a judge without a bias for either place.
+    first_place = sum((r["p_a_first"] > 0.5) + (r["p_a_second"] < 0.5) for r in rows) / (2 * len(rows))
+    with transaction(con):
+        added = add_ai_votes(con, job.config["annotator"], [(r["pair_id"], r["choice"], r["p_a"]) for r in rows], utcnow())
+        add_metrics(con, job.id, [(0, {
+            "judged": len(rows), "votes_added": added, "first_place_share": first_place,
+            "prompts_cut": sum(r["prompt_cut"] for r in rows), "answers_cut": sum(r["answers_cut"] for r in rows),
+        })])
+        finish_job(con, job.id, "done", utcnow())
+
+
 def run_job(
     project: Project,
     run: Run,
@@ -510,5 +541,6 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "generate": ingest_generation,
     "reward_model": ingest_reward_model,
     "score": ingest_scores,
+    "judge": ingest_judgements,
     **dict.fromkeys(POLICY_JOBS, ingest_policy),
 }

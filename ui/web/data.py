@@ -1,14 +1,15 @@
-"""The Data view: the pairs in each state, each annotator's work and reliability, and how far annotators agree."""
+"""The Data view: the pairs in each state, each annotator's work and reliability, how far annotators agree, and the AI judge."""
 
 import gradio as gr
 
-from annotate.agreement import fleiss_kappa, percent_agreement
+from annotate.agreement import agreement_with_people, fleiss_kappa, percent_agreement
 from annotate.trust import project_reliability
 from store.db import utcnow
 from store.gold import agreed_pairs, gold_answers, mark_gold
 from store.stats import annotator_stats, overlapped_choices
+from ui.owner.jobs import submit_judging
 from ui.owner.server import Server
-from ui.web.common import QUIET, figure, rounded, with_error_ids
+from ui.web.common import QUIET, figure, rounded, user_errors, with_error_ids
 
 
 def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
@@ -39,7 +40,9 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
         ]
         flagged = [r.annotator for r in reliability.values() if r.reliability < below]
         trust_summary = f"{gold} gold pairs · flagged: {', '.join(flagged) if flagged else 'no one'}"
-        return [[state, n] for state, n in states.items()], annotators, summary, trust, trust_summary
+        judges = "\n".join(f"{judge}: {agreement}" for judge, agreement in server.snapshot(agreement_with_people).items())
+        return ([[state, n] for state, n in states.items()], annotators, summary, trust, trust_summary,
+                judges or "No AI judge has voted on a pair people voted on.")
 
     @with_error_ids
     def mark_agreed_gold(request: gr.Request) -> str:
@@ -48,6 +51,13 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
         marked = server.db(lambda con: mark_gold(con, agreed_pairs(con, wanted), "agreed", user.name, utcnow()))
         server.db(server.queue.refresh, utcnow())
         return f"Marked {marked} pairs gold: those with {wanted} or more votes, all alike."
+
+    @with_error_ids
+    def ask_the_judge(request: gr.Request) -> str:
+        server.operator(request.username)
+        with user_errors():
+            job = submit_judging(server.project, server.db, read=server.snapshot)
+        return f"Queued job {job.id}: the AI judge votes on the pairs it has not voted on; its progress shows under Jobs."
 
     with gr.Tab("Data") as tab:
         refresh = gr.Button("Refresh")
@@ -64,8 +74,15 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
         gold = gr.Textbox(label="Gold pairs and flagged annotators", interactive=False, elem_id="gold-summary")
         mark = gr.Button("Mark pairs everyone agreed on as gold")
         marked = gr.Textbox(label="Gold", interactive=False)
+        with gr.Row(equal_height=True):
+            judges = gr.Textbox(label="AI judges' agreement with people, on pairs both voted on where people chose a side "
+                                      "(their votes are kept apart: [reward_model] ai_votes says whether they train)",
+                                interactive=False, scale=4)
+            judge = gr.Button("Ask the AI judge", scale=1)
+        judged = gr.Textbox(label="Result", interactive=False)
 
-    outputs = [states, annotators, agreement, reliability, gold]
+    outputs = [states, annotators, agreement, reliability, gold, judges]
     mark.click(mark_agreed_gold, outputs=[marked], api_name="mark_agreed_gold", api_visibility="undocumented")
     refresh.click(operator_data, outputs=outputs, api_name="operator_data", api_visibility="undocumented")
     gr.on([operator_tab.select, tab.select, timer.tick], operator_data, outputs=outputs, **QUIET)
+    judge.click(ask_the_judge, outputs=[judged], api_name="ask_the_judge", api_visibility="undocumented")
