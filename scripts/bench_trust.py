@@ -48,6 +48,24 @@ def judged(judge, preference) -> tuple[str, float]:
     return ("a" if margin > 0 else "b"), margin
 
 
+def simulate(options: argparse.Namespace, judge, pool: list, gold: list, seed: int) -> tuple[int, dict, dict[bool, list]]:
+    """One draw of the simulated votes in a fresh database: (votes cast, reliability, {weighted: training rows})."""
+    random.seed(seed + 1)  # the queue's draws, apart from the annotators'
+    overlapped = int(len(pool) * options.overlap_share)
+    queue = QueueConfig(strategy="random", gold_share=options.gold_share, overlap_share=options.overlap_share)
+    noise = noise_for_agreement([judged(judge, p)[1] for p in pool], options.agreement)
+    with tempfile.TemporaryDirectory(prefix="bench-trust-") as scratch, closing(open_database(Path(scratch) / "t.duckdb")) as con:
+        def run(fn, *args):
+            return fn(con, *args)
+
+        add_preference_pairs(con, pool[:overlapped], "bench", votes_wanted=2)
+        add_preference_pairs(con, pool[overlapped:], "bench", votes_wanted=1)
+        gold_ids = add_preference_pairs(con, gold, GOLD, votes_wanted=0)
+        mark_gold(con, {pair: judged(judge, p)[0] for pair, p in zip(gold_ids, gold)}, "operator", "bench", utcnow())
+        votes = cast_votes(run, queue, judge, noise, ANNOTATORS, len(pool), random.Random(seed), coin_flippers=frozenset({COIN_FLIPPER}))
+        return votes.cast, project_reliability(con), {weighted: preference_rows(con, False, weighted) for weighted in (False, True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Base model id or directory.")
@@ -60,43 +78,39 @@ def main() -> None:
     parser.add_argument("--eval-pairs", type=int, default=200, help="Held-out HH pairs the reward models are scored on.")
     parser.add_argument("--max-length", type=int, default=128, help="[reward_model] max_length.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flag-trials", type=int, default=0,
+                        help="Draw the votes this many more times, without training, and count who was flagged each time.")
+    parser.add_argument("--no-train", action="store_true", help="Stop after the votes and the reliability: no reward models.")
     options = parser.parse_args()
 
     from train.models import resolve_model_path
     from train.reward import train_reward_model
 
     judge = load_judge(options.judge)
-    rng = random.Random(options.seed)
-    random.seed(options.seed + 1)  # the queue's draws, apart from the annotators'
     preferences = read_preference_file(HH_FILE)
-    rng.shuffle(preferences)
+    random.Random(options.seed).shuffle(preferences)
     held_out = [p for p in preferences[: options.eval_pairs * 2] if judged(judge, p)[1] != 0][: options.eval_pairs]
     gold = [p for p in preferences[options.eval_pairs * 2 :][: options.gold * 2] if judged(judge, p)[1] != 0][: options.gold]
     pool = preferences[options.eval_pairs * 2 + options.gold * 2 :][: options.votes]
-    overlapped = int(len(pool) * options.overlap_share)
-    queue = QueueConfig(strategy="random", gold_share=options.gold_share, overlap_share=options.overlap_share)
-    noise = noise_for_agreement([judged(judge, p)[1] for p in pool], options.agreement)
+    cast, reliability, rows = simulate(options, judge, pool, gold, options.seed)
 
-    with tempfile.TemporaryDirectory(prefix="bench-trust-") as scratch, closing(open_database(Path(scratch) / "t.duckdb")) as con:
-        def run(fn, *args):
-            return fn(con, *args)
-
-        add_preference_pairs(con, pool[:overlapped], "bench", votes_wanted=2)
-        add_preference_pairs(con, pool[overlapped:], "bench", votes_wanted=1)
-        gold_ids = add_preference_pairs(con, gold, GOLD, votes_wanted=0)
-        mark_gold(con, {pair: judged(judge, p)[0] for pair, p in zip(gold_ids, gold)}, "operator", "bench", utcnow())
-        votes = cast_votes(run, queue, judge, noise, ANNOTATORS, options.votes, rng, coin_flippers=frozenset({COIN_FLIPPER}))
-        reliability = project_reliability(con)
-        rows = {weighted: preference_rows(con, False, weighted) for weighted in (False, True)}
-
-    print(f"{votes.cast} votes by {len(ANNOTATORS)} annotators ({COIN_FLIPPER} at random), judge {options.judge}, careful annotators at "
+    print(f"{cast} votes by {len(ANNOTATORS)} annotators ({COIN_FLIPPER} at random), judge {options.judge}, careful annotators at "
           f"agreement {options.agreement}; {len(gold)} gold pairs at gold_share {options.gold_share}; model {options.model}\n")
     print("| annotator | reliability | measured on votes | gold right |")
     print("|---|---|---|---|")
     for r in reliability.values():
         print(f"| {r.annotator}{' (random)' if r.annotator == COIN_FLIPPER else ''} | {r.reliability:.2f} | {r.informative_votes} | "
               f"{r.gold_correct} / {r.gold_answered} |")
+    if options.flag_trials:
+        below = QueueConfig().flag_reliability_below
+        flags = [simulate(options, judge, pool, gold, options.seed + 1 + trial)[1] for trial in range(options.flag_trials)]
+        coin = sum(r[COIN_FLIPPER].reliability < below for r in flags)
+        careful = sum(any(r[a].reliability < below for a in ANNOTATORS if a != COIN_FLIPPER) for r in flags)
+        print(f"\nOver {options.flag_trials} more draws of the votes: {COIN_FLIPPER} flagged in {coin}; a careful annotator flagged "
+              f"in {careful} (flag_reliability_below = {below})")
 
+    if options.no_train:
+        return
     eval_rows = [PreferenceRow(p.prompt.messages, *((p.chosen, p.rejected) if judged(judge, p)[0] == "a" else (p.rejected, p.chosen)))
                  for p in held_out]
     model_path = resolve_model_path(options.model)
