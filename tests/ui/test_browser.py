@@ -441,7 +441,7 @@ def test_the_data_view_follows_votes_without_a_click(browser, tiny_project):
         operator = open_page(browser, server.url, dialogs)
         sign_in(operator, "olga")
         operator.get_by_role("tab", name="Operator").click()
-        expect(operator.get_by_label("Pairs").get_by_role("row")).to_have_count(5)  # the header and four states
+        expect(operator.get_by_label("Pairs", exact=True).get_by_role("row")).to_have_count(5)  # the header and four states
         assert grid_rows(operator, "Pairs", "done")[1] == "0"
         annotator = open_page(browser, server.url, dialogs)
         sign_in(annotator, "alice")
