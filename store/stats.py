@@ -16,7 +16,7 @@ class AnnotatorStats:
 
 
 def pair_states(con: Connection, now: datetime) -> dict[str, int]:
-    """Pairs by state: waiting (needs votes), leased (served, awaiting an answer), done, retired."""
+    """Pairs by state: waiting (needs votes), leased (served, awaiting an answer), done, retired; a task to rank is one."""
     rows = con.execute(
         """
         WITH counted AS (
@@ -25,6 +25,7 @@ def pair_states(con: Connection, now: datetime) -> dict[str, int]:
                    (SELECT count(*) FROM assignments s
                     WHERE s.pair_id = p.id AND s.closed_at IS NULL AND s.expires_at > ?) AS leases
             FROM pairs p
+            WHERE p.task IS NULL  -- a task to rank counts once, as its lead
         )
         SELECT CASE WHEN retired THEN 'retired'
                     WHEN votes >= votes_wanted THEN 'done'
