@@ -119,3 +119,43 @@ def test_a_vote_on_a_task_and_a_ranking_of_a_pair_are_refused(tiny_project):
 def test_parse_ranking_reads_ties_and_spaces():
     assert parse_ranking("c>a=d >B", 4) == [[2], [0, 3], [1]]
     assert parse_ranking("A=B=C", 3) == [[0, 1, 2]]
+
+
+def test_simulated_rankings_order_two_answers_as_a_vote_would():
+    """Gumbel noise on score / T: each two answers of a ranking are in the judge's order with probability sigmoid(margin / T)."""
+    import math
+    import random
+
+    from annotate.simulate import ranked_order
+
+    rng = random.Random(0)
+    scores, noise, draws = [0.0, 1.0, -0.5, 2.0], 1.5, 20_000
+    above = [[0] * 4 for _ in range(4)]
+    for _ in range(draws):
+        order = ranked_order(scores, noise, rng)
+        for i, a in enumerate(order):
+            for b in order[i + 1:]:
+                above[a][b] += 1
+    for a in range(4):
+        for b in range(4):
+            if a != b:
+                assert above[a][b] / draws == pytest.approx(1 / (1 + math.exp(-(scores[a] - scores[b]) / noise)), abs=0.015)
+    assert ranked_order(scores, 0.0, rng) == [3, 1, 0, 2]
+
+
+def test_simulated_annotators_rank_tasks_through_the_queue(tiny_project):
+    import random
+
+    from annotate.judges import concise
+    from annotate.simulate import cast_votes
+
+    add_pairs(tiny_project, prompts=3, answers_per_task=K, texts=lambda prompt, k: "word " * (k + 1))
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        votes = cast_votes(lambda fn, *args: fn(con, *args), QueueConfig(), concise, 0.0, ["sim"], 10, random.Random(0))
+        assert votes.cast == 3 and votes.agreement == 1.0  # noiseless: every pair of every ranking sides with the judge
+        ranked = con.execute("SELECT completion_ids, ranks, source FROM rankings").fetchall()
+        texts = dict(con.execute("SELECT id, text FROM completions").fetchall())
+        assert len(ranked) == 3 and con.execute("SELECT count(*) FROM comparisons").fetchone()[0] == 18
+    for ids, ranks, source in ranked:
+        assert [len(texts[i]) for i in ids] == sorted(len(texts[i]) for i in ids)  # the concise judge: shortest first
+        assert ranks == [1, 2, 3, 4] and source == "simulate"
