@@ -125,3 +125,23 @@ def stored_rankings(con: Connection) -> list[StoredRanking]:
                       [completions[c][1] for c in ids], ranks, source, created_at)
         for id_, pair, prompt_id, messages, annotator, ids, ranks, source, created_at in rows
     ]
+
+
+def answered_texts(con: Connection, source: str) -> list[tuple[str, list[str]]]:
+    """(prompt messages JSON, the answers' texts) of every vote on a pair and every ranking of a task from `source`:
+    what an annotator read for each. A ranking's comparisons are its own pairs' votes, so they are counted as one."""
+    rows = con.execute(
+        """
+        SELECT pr.messages, [ca.text, cb.text] FROM comparisons c
+        JOIN pairs p ON p.id = c.pair_id JOIN prompts pr ON pr.id = p.prompt_id
+        JOIN completions ca ON ca.id = p.completion_a JOIN completions cb ON cb.id = p.completion_b
+        WHERE c.source = $source AND p.task IS NULL AND p.answers IS NULL
+        UNION ALL
+        SELECT pr.messages, list(co.text ORDER BY u.i) FROM rankings r
+        JOIN prompts pr ON pr.id = r.prompt_id, unnest(r.completion_ids) WITH ORDINALITY AS u(id, i)
+        JOIN completions co ON co.id = u.id
+        WHERE r.source = $source GROUP BY r.id, pr.messages
+        """,
+        {"source": source},
+    ).fetchall()
+    return [(messages, texts) for messages, texts in rows]
