@@ -159,3 +159,20 @@ def test_simulated_annotators_rank_tasks_through_the_queue(tiny_project):
     for ids, ranks, source in ranked:
         assert [len(texts[i]) for i in ids] == sorted(len(texts[i]) for i in ids)  # the concise judge: shortest first
         assert ranks == [1, 2, 3, 4] and source == "simulate"
+
+
+def test_a_task_pair_is_never_gold(con):
+    from store.db import StoreError, utcnow
+    from store.gold import agreed_pairs, mark_gold
+
+    queue = LiveQueue.load(con, QueueConfig(), NOW)
+    for annotator in ("ann", "bob"):  # both rank every answer alike, so all six pairs of the task are unanimous
+        shown = serve(queue, con, annotator, NOW)
+        by_text = {text: LETTERS[i] for i, (text, _) in enumerate(shown.answers)}
+        act(queue, con, Action("rank", annotator, shown.token, ranking=" > ".join(by_text[t] for t in sorted(by_text)),
+                               serve_next=False), NOW)
+    assert agreed_pairs(con, min_votes=1) == {}
+    lead = con.execute("SELECT min(id) FROM pairs WHERE answers IS NOT NULL").fetchone()[0]
+    with pytest.raises(StoreError, match=f"pair {lead} is one of a task's answers to rank"):
+        mark_gold(con, {lead: "a"}, "operator", "olga", utcnow())
+    assert con.execute("SELECT count(*) FROM gold").fetchone()[0] == 0
