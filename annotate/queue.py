@@ -327,7 +327,7 @@ class LiveQueue:
             raise
         return [Outcome(showing and _assignment(showing, messages, texts), vote, refused) for vote, showing, refused in done]
 
-    def _do(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> tuple[Vote | None, _Showing | None, str]:
+    def _do(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> tuple[Vote | Ranked | None, _Showing | None, str]:
         try:
             vote = None
             if action.kind == "vote":
@@ -379,9 +379,9 @@ class LiveQueue:
         for pair_id, a, b in task_pairs(con, lease.pair_id):
             writes.votes.append(vote_row(pair_id, action.annotator, outcome(ranks[a], ranks[b]), None, None,
                                          elapsed if pair_id == lease.pair_id else None, None, action.source, now))
-        writes.rankings.append(ranking_row(lease.pair_id, pair.prompt_id, action.annotator, ranks, elapsed, lease.token,
-                                           action.source, now))
-        ranked = Ranked(lease.pair_id, *map(list, zip(*sorted(ranks.items(), key=lambda item: item[1]))), repeated=False)
+        best_first = sorted(ranks, key=ranks.get)
+        ranked = Ranked(lease.pair_id, best_first, [ranks[c] for c in best_first], repeated=False)
+        writes.rankings.append(ranking_row(ranked, pair.prompt_id, action.annotator, elapsed, lease.token, action.source, now))
         self._answered(writes, lease, dataclasses.replace(ranked, repeated=True), now)
         return ranked
 

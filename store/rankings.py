@@ -70,11 +70,9 @@ def task_pairs(con: Connection, lead: int) -> list[tuple[int, int, int]]:
     return con.execute("SELECT id, completion_a, completion_b FROM pairs WHERE id = ? OR task = ? ORDER BY id", [lead, lead]).fetchall()
 
 
-def ranking_row(lead: int, prompt_id: int, annotator: str, ranks: dict[int, int], elapsed: timedelta, token: str,
-                source: str, now: datetime) -> tuple:
-    """A ranking as insert_rankings stores it: completions best first, with their ranks."""
-    best_first = sorted(ranks, key=lambda completion: ranks[completion])
-    return (lead, prompt_id, annotator, best_first, [ranks[c] for c in best_first], int(elapsed.total_seconds() * 1000),
+def ranking_row(ranked: Ranked, prompt_id: int, annotator: str, elapsed: timedelta, token: str, source: str, now: datetime) -> tuple:
+    """A ranking as insert_rankings stores it."""
+    return (ranked.pair_id, prompt_id, annotator, ranked.completion_ids, ranked.ranks, int(elapsed.total_seconds() * 1000),
             token, source, now)
 
 
