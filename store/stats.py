@@ -45,7 +45,9 @@ def annotator_stats(con: Connection) -> list[AnnotatorStats]:
         WITH votes AS (
             SELECT annotator, count(*) AS n, median(elapsed_ms) / 1000.0 AS median_seconds,
                    avg(CASE WHEN choice = 'tie' THEN 1.0 ELSE 0.0 END) AS tie_rate
-            FROM comparisons WHERE source NOT IN ('import', 'ai') GROUP BY annotator
+            FROM comparisons WHERE source NOT IN ('import', 'ai')
+              AND pair_id NOT IN (SELECT id FROM pairs WHERE task IS NOT NULL)  -- a ranking once, by its lead pair's vote
+            GROUP BY annotator
         ), skipped AS (
             SELECT annotator, count(*) AS n FROM skips GROUP BY annotator
         )

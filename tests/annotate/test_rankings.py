@@ -9,7 +9,7 @@ from annotate.queue import Action, LiveQueue, QueueConfig
 from store import open_database
 from store.queue import QueueError
 from store.rankings import LETTERS, parse_ranking
-from store.stats import pair_states
+from store.stats import annotator_stats, pair_states
 from tests.conftest import act, add_pairs, serve
 
 NOW = datetime(2026, 11, 21, 12, 0, 0)
@@ -68,6 +68,8 @@ def test_a_ranking_is_stored_once_and_expands_to_its_pairs(con):
     assert counts(con) == (1, 6)
     assert queue.votes_today("ann", NOW) == 1
     assert queue.state(NOW) == LiveQueue.load(con, QueueConfig(), NOW).state(NOW)
+    (stats,) = annotator_stats(con)  # the Data view counts the ranking once, with the time it took
+    assert (stats.name, stats.votes, stats.median_seconds) == ("ann", 1, 30.0)
 
 
 def test_shown_shuffled_per_lease_and_the_same_on_reload(con):
