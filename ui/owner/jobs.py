@@ -90,7 +90,7 @@ def submit_generation(
     if reward_model is not None and against is None:
         pairs_per_prompt = max(1, generation.per_prompt // 2)
         generation = dataclasses.replace(generation, per_prompt=pairs_per_prompt * queue.candidates)
-    elif against is None and generation.per_prompt < queue.answers_per_task:  # a task to rank wants K answers
+    elif against is None and 2 < queue.answers_per_task and generation.per_prompt < queue.answers_per_task:  # a task to rank wants K
         generation = dataclasses.replace(generation, per_prompt=queue.answers_per_task)
     config = {
         "model": dataclasses.asdict(project.config.model),
