@@ -178,3 +178,24 @@ def test_a_task_pair_is_never_gold(con):
     with pytest.raises(StoreError, match=f"pair {lead} is one of a task's answers to rank"):
         mark_gold(con, {lead: "a"}, "operator", "olga", utcnow())
     assert con.execute("SELECT count(*) FROM gold").fetchone()[0] == 0
+
+
+def test_one_ranking_of_four_exports_as_six_preference_pairs_and_one_ranking_row(con, tmp_path):
+    from annotate.export import ExportError, export_preferences, export_rankings
+    from tests.conftest import read_parquet
+
+    queue = LiveQueue.load(con, QueueConfig(), NOW)
+    shown = serve(queue, con, "ann", NOW)
+    act(queue, con, Action("rank", "ann", shown.token, ranking="B > D > A > C", serve_next=False), NOW)
+    result = export_preferences(con, tmp_path / "prefs.parquet", "parquet")
+    assert (result.rows, result.pairs) == (6, 6)
+    assert export_rankings(con, tmp_path / "rankings.parquet", "parquet") == 1
+    (ranking,) = read_parquet(tmp_path / "rankings.parquet")
+    best_first = [answer[0]["content"] for answer in ranking["answers"]]
+    assert best_first == [shown.answers["ABCD".index(letter)][0] for letter in "BDAC"]
+    assert ranking["ranks"] == [1, 2, 3, 4] and ranking["pairs"] == 6 and ranking["annotator"] == "ann"
+    place = {text: i for i, text in enumerate(best_first)}
+    for row in read_parquet(tmp_path / "prefs.parquet"):  # each pair's chosen answer is the one ranked higher
+        assert place[row["chosen"][0]["content"]] < place[row["rejected"][0]["content"]]
+    with pytest.raises(ExportError, match="already exists"):
+        export_rankings(con, tmp_path / "rankings.parquet", "parquet")
