@@ -38,19 +38,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotate.judges import load_judge  # noqa: E402  (the repository root, not an installed copy)
-from annotate.pairs import add_completions_with_pairs  # noqa: E402
-from annotate.simulate import cast_votes, last_user_message, noise_for_agreement, within_prompt_margins  # noqa: E402
-from store.completions import NewCompletion  # noqa: E402
-from store.policies import get_policy  # noqa: E402
-from store.prompt_files import read_prompt_file  # noqa: E402
-from store.prompts import add_prompts, prompt_ids  # noqa: E402
-from store.rankings import answered_texts  # noqa: E402
-from store.reward_models import get_reward_model  # noqa: E402
-from ui.owner.config import load_config, write_config  # noqa: E402
-from ui.owner.jobs import run_to_end, submit_reward_training  # noqa: E402
-from ui.owner.project import init_project, load_project  # noqa: E402
-from ui.owner.simulate import reward_model_follows_judge, sample_answers  # noqa: E402
+from annotate.judges import load_judge  # noqa: E402  (the repository root, not an installed copy, for these imports)
+from annotate.pairs import add_completions_with_pairs
+from annotate.simulate import cast_votes, last_user_message, noise_for_agreement, within_prompt_margins
+from store.completions import NewCompletion
+from store.policies import get_policy
+from store.prompt_files import read_prompt_file
+from store.prompts import add_prompts, prompt_ids
+from store.rankings import answered_texts
+from store.reward_models import get_reward_model
+from ui.owner.config import load_config, write_config
+from ui.owner.jobs import run_to_end, submit_reward_training
+from ui.owner.project import init_project, load_project
+from ui.owner.simulate import reward_model_follows_judge, sample_answers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -189,8 +189,8 @@ def test_malformed_rankings_through_the_api_are_refused_clearly_and_nothing_is_w
         refused = [
             ("A > B > C", "the ranking leaves out answer D: rank all 4 answers"),
             ("A > B = C > D > B", "the ranking names answer B 2 times; name each answer once"),
-            ("A > B > C > E", "the ranking names &#x27;E&#x27;, which is not one of the answers A, B, C, D, "
-                              "as in &#x27;A &gt; B &gt; C &gt; D&#x27;"),
+            ("A > B > C > E", ("the ranking names &#x27;E&#x27;, which is not one of the answers A, B, C, D, "
+                               "as in &#x27;A &gt; B &gt; C &gt; D&#x27;")),
             ("", "the ranking is empty: rank all 4 answers"),
             (5, not_text), (["A", "B"], not_text), ({"A": 1}, not_text), ("A > " * 5_000, not_text),
         ]
