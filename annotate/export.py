@@ -6,6 +6,9 @@ preference format), followed by metadata. Pairs with no majority, or whose major
 or both-bad, are left out. The raw export (`include_ties`) has one row per vote instead, every
 choice included, for those who want to resolve or weight votes themselves.
 
+A ranking of K answers ([queue] answers_per_task) is stored as a vote on each of its K(K-1)/2 pairs, so both
+exports hold its pairs; `export_rankings` writes the rankings themselves, one row each.
+
 The AI judge's votes (source 'ai') are left out unless asked for, and then only decide a pair no
 person voted on: wherever people voted, their votes alone are the pair's votes, in both exports
 and in training. An AI-decided row says so in its `source`.
@@ -27,6 +30,7 @@ from store import Connection, StoreError
 from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
 from store.gold import gold_answers
+from store.rankings import stored_rankings
 from train.files import built_beside
 from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
 
@@ -59,6 +63,22 @@ RAW_SCHEMA = pa.schema([
     ("completion_b_id", pa.int64()),
     ("policy_a", pa.int64()),
     ("policy_b", pa.int64()),
+    ("source", pa.string()),
+    ("time", pa.string()),
+])
+
+
+RANKING_SCHEMA = pa.schema([
+    ("prompt", MESSAGES),
+    ("answers", pa.list_(MESSAGES)),  # best first, each one assistant message
+    ("ranks", pa.list_(pa.int64())),  # each answer's rank, 1 the best; equal ranks are a tie
+    ("annotator", pa.string()),
+    ("ranking_id", pa.int64()),
+    ("pair_id", pa.int64()),  # the task's lead pair
+    ("prompt_id", pa.int64()),
+    ("completion_ids", pa.list_(pa.int64())),
+    ("policies", pa.list_(pa.int64())),
+    ("pairs", pa.int64()),  # the pairs it stands for: K(K-1)/2
     ("source", pa.string()),
     ("time", pa.string()),
 ])
@@ -122,6 +142,25 @@ def export_preferences(
         tie_or_both_bad=winners["tie"] + winners["both_bad"],
         below_agreement=below,
     )
+
+
+def export_rankings(con: Connection, out: Path, fmt: str) -> int:
+    """Write every ranking to `out` in `fmt`, one row each (RANKING_SCHEMA); return how many. Built beside `out`
+    and renamed into place, as export_preferences does; its pairs are in the preference export."""
+    if fmt not in WRITERS:
+        raise ExportError(f"unknown export format {fmt!r}: use one of {', '.join(WRITERS)}")
+    if out.exists():
+        raise ExportError(f"{out} already exists: choose another path or remove it first")
+    rows = [
+        {"prompt": r.prompt, "answers": [assistant(text) for text in r.texts], "ranks": r.ranks, "annotator": r.annotator,
+         "ranking_id": r.id, "pair_id": r.pair_id, "prompt_id": r.prompt_id, "completion_ids": r.completion_ids,
+         "policies": r.policies, "pairs": len(r.ranks) * (len(r.ranks) - 1) // 2, "source": r.source,
+         "time": r.created_at.isoformat()}
+        for r in stored_rankings(con)
+    ]
+    with built_beside(out) as built:
+        WRITERS[fmt](rows, RANKING_SCHEMA, built)
+    return len(rows)
 
 
 def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:

@@ -6,7 +6,7 @@ from itertools import combinations
 from annotate.queue import QueueConfig, preference_spread
 
 from store import Connection, transaction
-from store.completions import Completion, NewCompletion, NewPair, add_completions, add_pairs, completions_of
+from store.completions import Completion, NewCompletion, NewPair, NewTask, add_completions, add_pairs, add_tasks, completions_of
 
 SAME_POLICY = "same_policy"
 CROSS_VERSION = "cross_version"
@@ -30,6 +30,26 @@ def pair_within_prompts(completions: list[Completion], queue: QueueConfig, pairs
         for group in groups.values()
         for a, b in (zip(group[0::2], group[1::2]) if pairs_per_prompt is None else most_disputed(group, pairs_per_prompt))
     ]
+
+
+def tasks_within_prompts(completions: list[Completion], queue: QueueConfig) -> tuple[list[NewTask], list[NewPair]]:
+    """Group completions of the same prompt and policy into tasks of [queue] answers_per_task to rank, in the
+    order given; a group of three or more left over is a smaller task, one of two a pair. Repeated texts are left
+    out, as in pair_within_prompts."""
+    groups: dict[tuple[int, int], list[Completion]] = defaultdict(list)
+    for completion in completions:
+        group = groups[completion.prompt_id, completion.policy_version]
+        if all(completion.text != other.text for other in group):
+            group.append(completion)
+    k = queue.answers_per_task
+    tasks, pairs = [], []
+    for group in groups.values():
+        for chunk in (group[i:i + k] for i in range(0, len(group), k)):
+            if len(chunk) > 2:
+                tasks.append(NewTask(chunk[0].prompt_id, [c.id for c in chunk], SAME_POLICY, queue.draw_votes_wanted()))
+            elif len(chunk) == 2:
+                pairs.append(NewPair(chunk[0].prompt_id, chunk[0].id, chunk[1].id, SAME_POLICY, queue.draw_votes_wanted()))
+    return tasks, pairs
 
 
 def most_disputed(group: list[Completion], count: int) -> list[tuple[Completion, Completion]]:
@@ -73,12 +93,18 @@ def add_completions_with_pairs(
 
     Pairs are within each prompt (pairs_per_prompt of them chosen by the reward model, when given),
     or, given `against`, each new completion against one of that policy version on the same prompt.
+    With [queue] answers_per_task above 2, completions within a prompt are grouped into tasks to rank
+    instead, unless the reward model picks the pairs. The pairs returned are the tasks' leads as well.
     """
+    tasks: list[NewTask] = []
     with transaction(con):
         stored = add_completions(con, completions)
-        if against is None:
+        if against is None and pairs_per_prompt is None and queue.answers_per_task > 2:
+            tasks, pairs = tasks_within_prompts(stored, queue)
+        elif against is None:
             pairs = pair_within_prompts(stored, queue, pairs_per_prompt)
         else:
             pairs = pair_across_versions(stored, completions_of(con, against, sorted({c.prompt_id for c in stored})), queue)
         add_pairs(con, pairs)
-    return stored, pairs
+        add_tasks(con, tasks)
+    return stored, pairs + [NewPair(t.prompt_id, t.answers[0], t.answers[1], t.strategy, t.votes_wanted) for t in tasks]

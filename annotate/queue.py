@@ -1,5 +1,6 @@
 """How pairs are queued for annotators: the serving strategy, leases and overlap, and the queue the server keeps in memory."""
 
+import dataclasses
 import heapq
 import math
 import random
@@ -13,6 +14,9 @@ from store.gold import gold_pairs, gold_seen
 from store.queue import (
     Assignment, Lease, OpenPair, QueueError, close_leases, insert_leases, insert_skips, lease_record, new_token,
     open_leases, open_pairs, pair_totals, seen_pairs, served_texts, votes_by_annotator_since,
+)
+from store.rankings import (
+    Ranked, earlier_ranking, insert_rankings, outcome, parse_ranking, ranking_row, ranks_of, task_pairs,
 )
 from store.votes import Vote, checked_comment, earlier_vote, insert_votes, stored_choice, vote_row
 
@@ -53,6 +57,8 @@ RETIRED = "this pair was retired; here is another"
 TAKEN = "your time on this pair ran out and others have answered it; here is another"
 SKIPPED = "you skipped this pair"
 ANSWERED = "you have answered this pair already"
+WANTS_RANKING = "this task wants a ranking of its answers, not a vote"
+WANTS_VOTE = "this pair wants a vote, not a ranking"
 
 MAX_TOKEN_CHARS = 64  # a lease's token (store.queue.new_token) is 22
 
@@ -73,6 +79,16 @@ class QueueConfig:
         metadata={"help": "With 'active' and a reward model that steers: answers sampled for each pair to annotate, of "
                           "which the reward model picks the two its heads disagree on most. More finds more informative pairs for more "
                           "generation time; 2 leaves the choice to chance."},
+    )
+    answers_per_task: int = field(
+        default=2,
+        metadata={"help": "Answers to one prompt that an annotator sees at once: 2 is a pair to vote on; 3 to 6 are "
+                          "shown anonymised and shuffled as A, B, C... to rank best to worst, ties allowed (by keyboard: "
+                          "the letter picks an answer, the arrow keys move it, = ties it with the one above, Enter "
+                          "submits; or by drag). A ranking is stored once and counts as a vote on each of its "
+                          "K(K-1)/2 pairs. New completions of a prompt and policy are grouped K at a time (generate "
+                          "at least K per prompt; a group of 2 left over is a pair); pairs of two versions, and "
+                          "pairs a steering reward model picks, stay pairs."},
     )
     lease_seconds: int = field(default=600, metadata={"help": "A served pair left unanswered this long goes back to the queue."})
     overlap_share: float = field(default=0.2, metadata={"help": "Share of new pairs that several annotators vote on, to measure agreement."})
@@ -95,6 +111,8 @@ class QueueConfig:
             raise ValueError(f"strategy must be one of {', '.join(SORT_KEYS)}, got {self.strategy!r}")
         if self.candidates < 2:
             raise ValueError(f"candidates must be at least 2, got {self.candidates}")
+        if not 2 <= self.answers_per_task <= 6:
+            raise ValueError(f"answers_per_task must be between 2 and 6, got {self.answers_per_task}")
         if self.lease_seconds < 1:
             raise ValueError(f"lease_seconds must be at least 1, got {self.lease_seconds}")
         if not 0 <= self.overlap_share <= 1:
@@ -121,6 +139,7 @@ class _Pair:
     live: int = 0  # leases live: not closed and not run out
     leases: list[str] = field(default_factory=list)  # leases not closed, run out or not
     gold: bool = False  # served to each annotator once, at [queue] gold_share, never in the strategy's order
+    answers: tuple[int, ...] = ()  # a task to rank: its completions; empty for a pair
 
     @property
     def room(self) -> int:
@@ -129,7 +148,8 @@ class _Pair:
 
 @dataclass(frozen=True)
 class Action:
-    """One annotator's request: 'serve' (the pair to show), or a 'vote' or 'skip' on the pair leased as `token`."""
+    """One annotator's request: 'serve' (the pair or task to show), a 'vote' or 'skip' on the pair leased as
+    `token`, or a 'rank' of the task leased as `token`."""
 
     kind: str
     annotator: str
@@ -139,6 +159,7 @@ class Action:
     comment: str | None = None
     source: str = "app"  # stored with a vote: 'app' for people, 'simulate' for simulated annotators
     serve_next: bool = True  # lease the annotator's next pair after a vote or skip (one who stops wants none)
+    ranking: str = ""  # a rank's order of the letters shown, best first: "C > A = D > B" (store.rankings.parse_ranking)
 
     def __post_init__(self):
         # Refused here, before the action joins a batch: a field of the wrong type would fail inside
@@ -153,7 +174,7 @@ class Action:
 @dataclass(frozen=True)
 class Outcome:
     assignment: Assignment | None  # the pair to show next; None when none is left for this annotator
-    vote: Vote | None
+    vote: Vote | Ranked | None  # a vote, or a ranking
     refused: str  # why the vote or skip was refused, and then nothing was done; empty when done
 
 
@@ -161,8 +182,15 @@ class Outcome:
 class _Showing:
     lease: Lease
     prompt_id: int
-    left: int
-    right: int
+    shown: tuple[int, ...]  # completions in the order shown: left and right of a pair, A, B, C... of a task
+
+
+def shown_order(token: str, answers: tuple[int, ...]) -> list[int]:
+    """A task's answers in the order one lease shows them: shuffled, the same for the lease each time it is shown
+    (the shuffle is seeded by its token), and differently for each lease."""
+    order = list(answers)
+    random.Random(token).shuffle(order)
+    return order
 
 
 @dataclass
@@ -171,14 +199,24 @@ class _Writes:
 
     leases: list[Lease] = field(default_factory=list)
     votes: list[tuple] = field(default_factory=list)  # vote_row each
+    rankings: list[tuple] = field(default_factory=list)  # ranking_row each
     skips: list[tuple[int, str]] = field(default_factory=list)
-    closed: dict[str, tuple[str, Vote | None]] = field(default_factory=dict)  # token: annotator, and the vote or None for a skip
+    closed: dict[str, tuple[str, Vote | Ranked | None]] = field(default_factory=dict)  # token: annotator, and the vote or None for a skip
 
     def store(self, con: Connection, now: datetime) -> None:
         insert_leases(con, self.leases)
         insert_votes(con, self.votes)
+        insert_rankings(con, self.rankings)
         insert_skips(con, self.skips, now)
         close_leases(con, list(self.closed), now)
+
+
+def _assignment(showing: _Showing, messages: dict[int, str], texts: dict[int, tuple[str, bool]]) -> Assignment:
+    """What the annotator is shown: a pair's left and right, or a task's answers (its first two as left and right)."""
+    left, right = texts[showing.shown[0]], texts[showing.shown[1]]
+    answers = tuple(texts[c] for c in showing.shown) if len(showing.shown) > 2 else ()
+    return Assignment(showing.lease.token, showing.lease.pair_id, messages[showing.prompt_id], left[0], right[0],
+                      showing.lease.served_at, left[1], right[1], answers)
 
 
 class LiveQueue:
@@ -243,7 +281,7 @@ class LiveQueue:
         key = SORT_KEYS[self.config.strategy]
         for pair in new:
             self.pairs[pair.id] = _Pair(pair.prompt_id, pair.completion_a, pair.completion_b, pair.votes_wanted,
-                                        pair.votes, key(pair, random.random()))
+                                        pair.votes, key(pair, random.random()), answers=tuple(pair.answers or ()))
             self.available += 1
         for annotator, pair_id in seen_pairs(con, after=self.last_pair_id):
             if pair_id in self.pairs:
@@ -283,23 +321,19 @@ class LiveQueue:
                 done = [self._do(con, writes, action, now) for action in actions]
                 writes.store(con, now)
                 shown = [showing for _, showing, _ in done if showing]
-                messages, texts = served_texts(con, {s.prompt_id for s in shown}, {c for s in shown for c in (s.left, s.right)})
+                messages, texts = served_texts(con, {s.prompt_id for s in shown}, {c for s in shown for c in s.shown})
         except BaseException:
             self._stale = True
             raise
-        return [
-            Outcome(showing and Assignment(showing.lease.token, showing.lease.pair_id, messages[showing.prompt_id],
-                                           texts[showing.left][0], texts[showing.right][0], showing.lease.served_at,
-                                           texts[showing.left][1], texts[showing.right][1]),
-                    vote, refused)
-            for vote, showing, refused in done
-        ]
+        return [Outcome(showing and _assignment(showing, messages, texts), vote, refused) for vote, showing, refused in done]
 
-    def _do(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> tuple[Vote | None, _Showing | None, str]:
+    def _do(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> tuple[Vote | Ranked | None, _Showing | None, str]:
         try:
             vote = None
             if action.kind == "vote":
                 vote = self._vote(con, writes, action, now)
+            elif action.kind == "rank":
+                vote = self._rank(con, writes, action, now)
             elif action.kind == "skip":
                 self._skip(con, writes, action)
             showing = self._lease_for(writes, action.annotator, now) if action.kind == "serve" or action.serve_next else None
@@ -318,17 +352,48 @@ class LiveQueue:
         pair = self.pairs[lease.pair_id]
         if lease.token not in self.live and pair.room <= 0:
             raise QueueError(TAKEN)
+        if pair.answers:
+            raise QueueError(WANTS_RANKING)
         choice = stored_choice(action.choice, lease.shown_left == pair.completion_a)
         writes.votes.append(vote_row(lease.pair_id, action.annotator, choice, action.strength, comment,
                                      now - lease.served_at, lease.token, action.source, now))
-        writes.closed[lease.token] = (action.annotator, Vote(lease.pair_id, choice, repeated=True))
+        self._answered(writes, lease, Vote(lease.pair_id, choice, repeated=True), now)
+        return Vote(lease.pair_id, choice, repeated=False)
+
+    def _rank(self, con: Connection, writes: _Writes, action: Action, now: datetime) -> Ranked:
+        """Store the ranking once, and its outcome on each of the task's pairs as a comparison, with no token
+        (the ranking's token makes it idempotent); the lead pair's carries the time it took."""
+        lease = self.leases.get(action.token)
+        if lease is None:
+            return self._answered_before(con, writes, action)
+        if lease.annotator != action.annotator:
+            raise QueueError(NOT_YOURS)
+        pair = self.pairs[lease.pair_id]
+        if lease.token not in self.live and pair.room <= 0:
+            raise QueueError(TAKEN)
+        if not pair.answers:
+            raise QueueError(WANTS_VOTE)
+        shown = shown_order(lease.token, pair.answers)
+        ranks = ranks_of([[shown[position] for position in group] for group in parse_ranking(action.ranking, len(shown))])
+        elapsed = now - lease.served_at
+        for pair_id, a, b in task_pairs(con, lease.pair_id):
+            writes.votes.append(vote_row(pair_id, action.annotator, outcome(ranks[a], ranks[b]), None, None,
+                                         elapsed if pair_id == lease.pair_id else None, None, action.source, now))
+        best_first = sorted(ranks, key=ranks.get)
+        ranked = Ranked(lease.pair_id, best_first, [ranks[c] for c in best_first], repeated=False)
+        writes.rankings.append(ranking_row(ranked, pair.prompt_id, action.annotator, elapsed, lease.token, action.source, now))
+        self._answered(writes, lease, dataclasses.replace(ranked, repeated=True), now)
+        return ranked
+
+    def _answered(self, writes: _Writes, lease: Lease, answer: Vote | Ranked, now: datetime) -> None:
+        """Close the lease with its vote or ranking, and count it."""
+        writes.closed[lease.token] = (lease.annotator, answer)
         self._close(lease)
         self._adjust(lease.pair_id, votes=1)
         if now.date() != self.day:
             self.day = now.date()
             self.votes_on_day.clear()
-        self.votes_on_day[action.annotator] += 1
-        return Vote(lease.pair_id, choice, repeated=False)
+        self.votes_on_day[lease.annotator] += 1
 
     def _skip(self, con: Connection, writes: _Writes, action: Action) -> None:
         """Close the lease, and never serve this pair to this annotator again."""
@@ -341,19 +406,23 @@ class LiveQueue:
         writes.closed[lease.token] = (action.annotator, None)
         self._close(lease)
 
-    def _answered_before(self, con: Connection, writes: _Writes, action: Action) -> Vote:
-        """For a token that is not an open lease here: the vote stored with it (a double submit stores
+    def _answered_before(self, con: Connection, writes: _Writes, action: Action) -> Vote | Ranked:
+        """For a token that is not an open lease here: the vote or ranking stored with it (a double submit stores
         nothing new), or why it cannot be answered, from this batch or the database."""
-        closed = SKIPPED if action.kind == "vote" else ANSWERED
+        closed = ANSWERED if action.kind == "skip" else SKIPPED
         if action.token in writes.closed:
             annotator, vote = writes.closed[action.token]
             if annotator != action.annotator:
                 raise QueueError(NOT_YOURS)
-            if vote is None or action.kind != "vote":
+            if vote is None or action.kind == "skip":
                 raise QueueError(closed)
+            if isinstance(vote, Ranked) != (action.kind == "rank"):
+                raise QueueError(ANSWERED)
             return vote
         if action.kind == "vote" and (vote := earlier_vote(con, action.annotator, action.token)):
             return vote
+        if action.kind == "rank" and (ranked := earlier_ranking(con, action.annotator, action.token)):
+            return ranked
         stored = lease_record(con, action.token)
         if stored is None or stored.annotator != action.annotator:
             raise QueueError(NOT_YOURS)
@@ -374,16 +443,19 @@ class LiveQueue:
         if pair_id is None:
             return None
         pair = self.pairs[pair_id]
-        shown_left = random.choice([pair.completion_a, pair.completion_b])
-        lease = Lease(new_token(), pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left)
+        token = new_token()
+        shown_left = shown_order(token, pair.answers)[0] if pair.answers else random.choice([pair.completion_a, pair.completion_b])
+        lease = Lease(token, pair_id, annotator, now, now + timedelta(seconds=self.config.lease_seconds), shown_left)
         writes.leases.append(lease)
         self._hold(lease, live=True)
         return self._showing(lease)
 
     def _showing(self, lease: Lease) -> _Showing:
         pair = self.pairs[lease.pair_id]
+        if pair.answers:
+            return _Showing(lease, pair.prompt_id, tuple(shown_order(lease.token, pair.answers)))
         right = pair.completion_b if lease.shown_left == pair.completion_a else pair.completion_a
-        return _Showing(lease, pair.prompt_id, lease.shown_left, right)
+        return _Showing(lease, pair.prompt_id, (lease.shown_left, right))
 
     def pairs_left(self, annotator: str, now: datetime) -> int:
         """Pairs this annotator could still be served, from counters."""

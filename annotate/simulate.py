@@ -1,10 +1,14 @@
 """Simulated annotators: votes from a judge plus noise, cast the way people cast them.
 
 They take pairs from the queue people are served from (`LiveQueue`: a lease per pair, the overlap
-the queue config asks for) and vote through it as people do, with source 'simulate'. The judge,
+the queue config asks for) and vote through it as people do, with source 'simulate'. A task of K
+answers they rank as Plackett-Luce with the judge's scores over T as utilities does (each answer's
+score / T plus Gumbel noise, sorted): any two of its answers are then ordered as a vote on that pair
+would be, the judge's way with probability sigmoid(margin / T). The judge,
 without noise, also compares two policies' answers to held-out evaluation prompts.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -15,6 +19,7 @@ from typing import Any, Callable
 from annotate.judges import Judge, prefers_first, sigmoid
 from annotate.queue import Action, LiveQueue, QueueConfig
 from annotate.ratings import wilson_interval
+from store.rankings import answer_label
 from store.db import Connection, utcnow
 
 Messages = list[dict[str, str]]
@@ -73,17 +78,41 @@ def _cast_votes(con: Connection, config: QueueConfig, judge: Judge, noise: float
             idle.add(annotator)
             continue
         prompt = last_user_message(json.loads(assignment.prompt_messages))
-        margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
-        first = rng.random() < 0.5 if annotator in coin_flippers else prefers_first(margin, noise, rng)
-        choice = "left" if first else "right"
+        careless = annotator in coin_flippers
+        if assignment.answers:
+            scores = [judge(prompt, text) for text, _ in assignment.answers]
+            order = ranked_order(scores, math.inf if careless else noise, rng)
+            action = Action("rank", annotator, assignment.token, ranking=" > ".join(answer_label(i) for i in order))
+            pairs = [(scores[a] - scores[b], True) for i, a in enumerate(order) for b in order[i + 1:]]  # a above b
+        else:
+            margin = judge(prompt, assignment.left_text) - judge(prompt, assignment.right_text)
+            first = rng.random() < 0.5 if careless else prefers_first(margin, noise, rng)
+            action = Action("vote", annotator, assignment.token, "left" if first else "right")
+            pairs = [(margin, first)]
         # serve_next=False: the annotator's next pair is served on its next turn, so none is left leased at the end.
-        (voted,) = queue.act(con, [Action("vote", annotator, assignment.token, choice, source="simulate", serve_next=False)], utcnow())
+        (voted,) = queue.act(con, [dataclasses.replace(action, source="simulate", serve_next=False)], utcnow())
         if voted.refused:
             raise RuntimeError(f"a simulated vote was refused: {voted.refused}")
-        votes.cast += 1
-        votes.expected += 0.5 if annotator in coin_flippers else chance_of_siding(margin, noise)
-        votes.sided += 0.5 if margin == 0 else float(first == (margin > 0))
+        votes.cast += 1  # a ranking counts once, its pairs' figures averaged
+        votes.expected += sum(0.5 if careless else chance_of_siding(m, noise) for m, _ in pairs) / len(pairs)
+        votes.sided += sum(0.5 if m == 0 else float(first == (m > 0)) for m, first in pairs) / len(pairs)
     return votes
+
+
+def ranked_order(scores: list[float], noise: float, rng: random.Random) -> list[int]:
+    """The positions of the answers, best first, as a noisy annotator ranks them: Plackett-Luce with utilities
+    score / noise (each plus Gumbel noise, sorted), so any two are ordered the judge's way with probability
+    sigmoid(margin / noise), as prefers_first votes. noise 0 sorts by score (a tie in order at random);
+    infinite noise is a random order."""
+    def key(i: int) -> float:
+        if noise == 0:
+            return scores[i]
+        if math.isinf(noise):
+            return rng.random()
+        return scores[i] / noise - math.log(-math.log(rng.random() or 1e-300))
+    positions = list(range(len(scores)))
+    rng.shuffle(positions)  # breaks ties in the key at random
+    return sorted(positions, key=key, reverse=True)
 
 
 def chance_of_siding(margin: float, noise: float) -> float:

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +27,13 @@ _PAIR_SCHEMA = pa.schema([
     ("completion_b", pa.int32()),
     ("strategy", pa.string()),
     ("votes_wanted", pa.int32()),
+])
+
+_TASK_PAIR_SCHEMA = pa.schema([
+    ("id", pa.int32()),
+    *_PAIR_SCHEMA,
+    ("answers", pa.list_(pa.int32())),
+    ("task", pa.int32()),
 ])
 
 
@@ -75,8 +83,33 @@ def add_completions(con: Connection, completions: list[NewCompletion]) -> list[C
     ]
 
 
+@dataclass(frozen=True)
+class NewTask:
+    """K answers to one prompt, to be ranked: served as its lead pair (the first two answers), with a pair for
+    every other two of them that its rankings' outcomes are stored on."""
+
+    prompt_id: int
+    answers: list[int]  # completion ids, at least 3
+    strategy: str
+    votes_wanted: int = 1
+
+
 def add_pairs(con: Connection, pairs: list[NewPair]) -> None:
     insert_rows(con, "pairs", [vars(p) for p in pairs], _PAIR_SCHEMA)
+
+
+def add_tasks(con: Connection, tasks: list[NewTask]) -> None:
+    """Store each task as its K(K-1)/2 pairs: the lead, which lists the answers and is served, and the rest,
+    which point at it and want no votes of their own."""
+    rows = []
+    for task in tasks:
+        ids = reserve_ids(con, "pair_id", len(task.answers) * (len(task.answers) - 1) // 2)
+        for id_, (a, b) in zip(ids, combinations(task.answers, 2)):
+            lead = id_ == ids[0]
+            rows.append({"id": id_, "prompt_id": task.prompt_id, "completion_a": a, "completion_b": b, "strategy": task.strategy,
+                         "votes_wanted": task.votes_wanted if lead else 0, "answers": task.answers if lead else None,
+                         "task": None if lead else ids[0]})
+    insert_rows(con, "pairs", rows, _TASK_PAIR_SCHEMA)
 
 
 

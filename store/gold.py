@@ -22,6 +22,8 @@ ORIGINS = ("import", "agreed", "operator")
 
 # Votes that measure a person: imported votes are a dataset's, and 'ai' a model's.
 _PEOPLE = "source NOT IN ('import', 'ai')"
+# A pair of a task of K answers to rank (store.rankings): served as a ranking, so never as a gold pair.
+_OF_A_TASK = "(answers IS NOT NULL OR task IS NOT NULL)"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def mark_gold(con: Connection, answers: dict[int, str], origin: str, actor: str,
         found = {row[0] for row in con.execute(f"SELECT id FROM pairs WHERE id IN ({placeholders(len(ids))})", ids).fetchall()}
         if missing := sorted(set(ids) - found):
             raise StoreError(f"no pair {missing[0]} in the project" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        if ranked := con.execute(f"SELECT min(id) FROM pairs WHERE id IN ({placeholders(len(ids))}) AND {_OF_A_TASK}", ids).fetchone()[0]:
+            raise StoreError(f"pair {ranked} is one of a task's answers to rank: only a pair shown as a pair can be gold")
         con.executemany(
             "INSERT INTO gold VALUES (?, ?, ?, ?, ?) ON CONFLICT (pair_id) DO UPDATE SET answer = excluded.answer, "
             "origin = excluded.origin, marked_by = excluded.marked_by, created_at = excluded.created_at",
@@ -81,7 +85,7 @@ def agreed_pairs(con: Connection, min_votes: int) -> dict[int, str]:
     rows = con.execute(
         f"""
         SELECT pair_id, any_value(choice) FROM comparisons
-        WHERE {_PEOPLE} AND pair_id NOT IN (SELECT pair_id FROM gold)
+        WHERE {_PEOPLE} AND pair_id NOT IN (SELECT pair_id FROM gold) AND pair_id NOT IN (SELECT id FROM pairs WHERE {_OF_A_TASK})
         GROUP BY pair_id
         HAVING count(*) >= ? AND count(DISTINCT choice) = 1 AND any_value(choice) IN ('a', 'b')
         ORDER BY pair_id

@@ -26,6 +26,7 @@ class Assignment:
     served_at: datetime
     left_finished: bool = True  # False for an answer cut at the length limit; an imported one counts as ended
     right_finished: bool = True
+    answers: tuple[tuple[str, bool], ...] = ()  # a task to rank: each answer's text and whether it ended, as shown (A first); empty for a pair
 
 
 @dataclass(slots=True)
@@ -112,6 +113,7 @@ class OpenPair:
     reward_gap: float | None  # None until a reward model has scored both
     heads_a: list[float] | None  # each reward-model head's raw score of completion a; None until scored
     heads_b: list[float] | None
+    answers: list[int] | None  # a task to rank: its completions; None for a pair
 
 
 def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
@@ -120,7 +122,7 @@ def open_pairs(con: Connection, after: int = 0) -> list[OpenPair]:
         """
         SELECT p.id, p.prompt_id, p.completion_a, p.completion_b, p.votes_wanted, coalesce(v.votes, 0),
                greatest(coalesce(ca.policy_version, -1), coalesce(cb.policy_version, -1)), abs(ca.reward - cb.reward),
-               ca.reward_heads, cb.reward_heads
+               ca.reward_heads, cb.reward_heads, p.answers
         FROM pairs p
         JOIN completions ca ON ca.id = p.completion_a
         JOIN completions cb ON cb.id = p.completion_b
@@ -150,9 +152,14 @@ def seen_pairs(con: Connection, after: int = 0) -> list[tuple[str, int]]:
 
 
 def votes_by_annotator_since(con: Connection, since: datetime) -> dict[str, int]:
-    return dict(con.execute("SELECT annotator, count(*) FROM comparisons WHERE created_at >= ? AND source <> 'ai' GROUP BY annotator", [since]).fetchall())
+    """Votes and rankings per annotator: a ranking counts once, by its comparison on the task's lead pair."""
+    return dict(con.execute(
+        "SELECT annotator, count(*) FROM comparisons WHERE created_at >= ? AND source <> 'ai' "
+        "AND pair_id NOT IN (SELECT id FROM pairs WHERE task IS NOT NULL) GROUP BY annotator",
+        [since],
+    ).fetchall())
 
 
 def pair_totals(con: Connection) -> tuple[int, int]:
-    """How many pairs there are, and how many of them are retired."""
-    return con.execute("SELECT count(*), count(*) FILTER (WHERE retired) FROM pairs").fetchone()
+    """How many pairs there are, and how many of them are retired; a task to rank counts once."""
+    return con.execute("SELECT count(*), count(*) FILTER (WHERE retired) FROM pairs WHERE task IS NULL").fetchone()

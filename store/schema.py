@@ -218,4 +218,28 @@ MIGRATIONS = [
             created_at TIMESTAMP NOT NULL
         );
     """),
+    Migration(9, "ranking tasks and rankings", """
+        -- A task of K answers to one prompt ([queue] answers_per_task > 2) is served as one pair, its lead, which
+        -- lists the answers; every other two of them is a pair of the task (votes_wanted 0: never served), so a
+        -- ranking's pairwise outcomes are ordinary comparisons, and agreement, ratings, training and the
+        -- export read them as votes.
+        ALTER TABLE pairs ADD COLUMN answers INTEGER[];   -- the lead's: the task's completions; NULL for every other pair
+        ALTER TABLE pairs ADD COLUMN task INTEGER;        -- the lead pair's id, for the task's other pairs; NULL otherwise
+
+        -- One annotator's ranking of a task, stored once; its pairs are comparisons written in the same transaction.
+        CREATE SEQUENCE ranking_id;
+        CREATE TABLE rankings (
+            id INTEGER PRIMARY KEY DEFAULT nextval('ranking_id'),
+            pair_id INTEGER NOT NULL,               -- the task's lead pair
+            prompt_id INTEGER NOT NULL,
+            annotator VARCHAR NOT NULL,
+            completion_ids INTEGER[] NOT NULL,      -- best first
+            ranks INTEGER[] NOT NULL,               -- each completion's rank, 1 the best; equal ranks are a tie
+            elapsed_ms INTEGER,
+            client_token VARCHAR UNIQUE,
+            source VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            UNIQUE (pair_id, annotator)
+        );
+    """),
 ]

@@ -16,7 +16,7 @@ class AnnotatorStats:
 
 
 def pair_states(con: Connection, now: datetime) -> dict[str, int]:
-    """Pairs by state: waiting (needs votes), leased (served, awaiting an answer), done, retired."""
+    """Pairs by state: waiting (needs votes), leased (served, awaiting an answer), done, retired; a task to rank is one."""
     rows = con.execute(
         """
         WITH counted AS (
@@ -25,6 +25,7 @@ def pair_states(con: Connection, now: datetime) -> dict[str, int]:
                    (SELECT count(*) FROM assignments s
                     WHERE s.pair_id = p.id AND s.closed_at IS NULL AND s.expires_at > ?) AS leases
             FROM pairs p
+            WHERE p.task IS NULL  -- a task to rank counts once, as its lead
         )
         SELECT CASE WHEN retired THEN 'retired'
                     WHEN votes >= votes_wanted THEN 'done'
@@ -44,7 +45,9 @@ def annotator_stats(con: Connection) -> list[AnnotatorStats]:
         WITH votes AS (
             SELECT annotator, count(*) AS n, median(elapsed_ms) / 1000.0 AS median_seconds,
                    avg(CASE WHEN choice = 'tie' THEN 1.0 ELSE 0.0 END) AS tie_rate
-            FROM comparisons WHERE source NOT IN ('import', 'ai') GROUP BY annotator
+            FROM comparisons WHERE source NOT IN ('import', 'ai')
+              AND pair_id NOT IN (SELECT id FROM pairs WHERE task IS NOT NULL)  -- a ranking once, by its lead pair's vote
+            GROUP BY annotator
         ), skipped AS (
             SELECT annotator, count(*) AS n FROM skips GROUP BY annotator
         )

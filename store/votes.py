@@ -44,10 +44,11 @@ def stored_choice(screen_choice: str, a_on_left: bool) -> str:
 
 
 def vote_row(pair_id: int, annotator: str, choice: str, strength: str | None, comment: str | None,
-             elapsed: timedelta, token: str, source: str, now: datetime) -> tuple:
-    """A comparison as insert_votes stores it; the strength only goes with a preference for one side."""
+             elapsed: timedelta | None, token: str | None, source: str, now: datetime) -> tuple:
+    """A comparison as insert_votes stores it; the strength only goes with a preference for one side. A ranking's
+    comparisons have no token (the ranking's makes it idempotent), and only the lead pair's has the time taken."""
     return (pair_id, annotator, choice, strength if choice in ("a", "b") else None, comment,
-            int(elapsed.total_seconds() * 1000), token, source, now)
+            None if elapsed is None else int(elapsed.total_seconds() * 1000), token, source, now)
 
 
 def insert_votes(con: Connection, rows: list[tuple]) -> None:

@@ -171,8 +171,10 @@ def add_users(project: Path, users: dict[str, str], password: str = "password-12
         run_tether("users", "add", name, "--role", role, "--project", str(project), input=password + "\n", check=True)
 
 
-def add_pairs(project: Path, prompts: int, texts: Callable[[int, int], str] | None = None, overlap_share: float = 0.0) -> None:
-    """Prompts with two completions each and a pair per prompt, without a model."""
+def add_pairs(project: Path, prompts: int, texts: Callable[[int, int], str] | None = None, overlap_share: float = 0.0,
+              answers_per_task: int = 2) -> None:
+    """Prompts with two completions each and a pair per prompt, without a model; or, with answers_per_task K > 2,
+    K completions each and a task to rank per prompt."""
     from annotate.pairs import add_completions_with_pairs
     from annotate.queue import QueueConfig
     from store import open_database
@@ -184,8 +186,8 @@ def add_pairs(project: Path, prompts: int, texts: Callable[[int, int], str] | No
     with closing(open_database(project / "tether.duckdb")) as con:
         add_prompts(con, [NewPrompt([{"role": "user", "content": f"question {i}"}], "test") for i in range(prompts)])
         ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id DESC LIMIT ?", [prompts]).fetchall()][::-1]
-        completions = [NewCompletion(pid, 0, texts(pid, k), 5, True, {}) for pid in ids for k in range(2)]
-        add_completions_with_pairs(con, completions, QueueConfig(overlap_share=overlap_share))
+        completions = [NewCompletion(pid, 0, texts(pid, k), 5, True, {}) for pid in ids for k in range(answers_per_task)]
+        add_completions_with_pairs(con, completions, QueueConfig(overlap_share=overlap_share, answers_per_task=answers_per_task))
 
 
 PLAIN_PEFT_SCORER = """

@@ -210,6 +210,19 @@ def label_noise_loss(margin: torch.Tensor, confidence: torch.Tensor) -> torch.Te
     return -torch.logaddexp(confidence.log() + F.logsigmoid(margin), torch.log1p(-confidence) + F.logsigmoid(-margin))
 
 
+def plackett_luce_loss(scores: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """A ranking's negative log-likelihood under Plackett-Luce: the best answer is picked first from all K with
+    probability softmax(scores), the next from those left, and so on; equal ranks are a tie, taken as Breslow's
+    approximation does, every tied answer picked from the same set (its group and all below it).
+
+    scores: (..., K), one ranking's answers in any order; ranks: (..., K), 1 the best. With K = 2 and no tie it is
+    -log sigmoid(r_better - r_worse), Bradley-Terry's loss, exactly; a ranking of K answers weighs as one item.
+    """
+    below = ranks[..., None, :] >= ranks[..., :, None]  # (..., K, K): answer j is picked from among i's set
+    denominators = torch.logsumexp(scores[..., None, :].masked_fill(~below, float("-inf")), dim=-1)  # (..., K)
+    return -(scores - denominators).sum(dim=-1)
+
+
 def _bootstrap_trainer():
     """Defined on first use: importing trl takes seconds."""
     from trl import RewardTrainer

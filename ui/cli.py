@@ -7,7 +7,7 @@ import click
 from tqdm import tqdm
 
 from annotate.agreement import JudgeAgreement, agreement_with_people
-from annotate.export import FORMATS, export_preferences
+from annotate.export import FORMATS, export_preferences, export_rankings
 from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.queue import SORT_KEYS
 from annotate.simulate import UnreachableAgreement
@@ -673,19 +673,30 @@ def serve(host: str, port: int, project_dir: Path):
               help="Leave out pairs where a smaller share of the votes backs the majority.")
 @click.option("--include-ai", is_flag=True,
               help="Also the AI judge's votes (`tether judge`), on the pairs no person voted on; their rows have source 'ai'.")
+@click.option("--rankings", type=click.Path(path_type=Path), metavar="PATH",
+              help="Also write the rankings of K answers ([queue] answers_per_task) to PATH, in the same format, one row "
+                   "each: the prompt, the answers best first, their ranks (equal ranks are a tie), the annotator. Their "
+                   "K(K-1)/2 pairs are votes in --out.")
 @project_option
-def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None, include_ai: bool, project_dir: Path):
+def export(fmt: str, out: Path, include_ties: bool, min_agreement: float | None, include_ai: bool, rankings: Path | None,
+           project_dir: Path):
     """Export the votes as preference data for TRL: one chosen/rejected row per pair, by majority.
 
     People's votes only, unless --include-ai: the AI judge's votes then decide the pairs no person voted on.
+    A ranking of K answers counts as a vote on each of its pairs; --rankings writes the rankings themselves.
 
     \b
     Example:
         tether export --format hf --out prefs --project demo
         tether export --format jsonl --out votes.jsonl --include-ties --min-agreement 0.6
+        tether export --format jsonl --out votes.jsonl --include-ties --rankings rankings.jsonl
     """
     project = load_project(project_dir)
+    if rankings is not None and rankings.exists():  # checked first, so that neither file is written
+        raise click.ClickException(f"{rankings} already exists: choose another path or remove it first")
     result = project.run(export_preferences, out, fmt, include_ties, min_agreement, include_ai)
+    if rankings is not None:
+        click.echo(f"wrote {project.run(export_rankings, rankings, fmt)} rankings to {rankings}")
     if include_ties:
         click.echo(f"wrote {result.rows} votes on {result.pairs} pairs to {out}, ties and both-bad included "
                    f"({result.below_agreement} pairs below agreement left out)")

@@ -13,7 +13,7 @@ from train.config import GenerationConfig, ModelConfig
 from train.errors import ModelError
 from train.generate import generate
 from train.models import load_model
-from tests.conftest import CHAT_PROMPTS, DEMO_PROMPTS, run_tether, shipping_sampling_defaults
+from tests.conftest import CHAT_PROMPTS, DEMO_PROMPTS, run_tether, set_settings, shipping_sampling_defaults
 
 def reference_greedy(model, tokenizer, messages, max_new_tokens, eos_ids):
     """One prompt at a time, no padding: plain transformers, the ground truth for batching."""
@@ -192,3 +192,21 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
     assert expected != 0
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)
+
+
+def test_cli_generate_with_four_answers_per_task_makes_tasks_to_rank(tiny_project):
+    set_settings(tiny_project, "queue", answers_per_task=4)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    result = run_tether("generate", "--per-prompt", "2", "--limit", "3", "--project", str(tiny_project))
+    assert result.returncode == 0, result.stderr
+
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        per_prompt = con.execute("SELECT prompt_id, list(id ORDER BY id) FROM completions GROUP BY 1").fetchall()
+        tasks = con.execute("SELECT id, prompt_id, answers FROM pairs WHERE answers IS NOT NULL").fetchall()
+        pairs = con.execute("SELECT id, task, completion_a, completion_b FROM pairs").fetchall()
+    assert len(per_prompt) == 3 and all(len(ids) == 4 for _, ids in per_prompt)  # raised to K answers a prompt
+    assert tasks and all(len(answers) >= 3 for _, _, answers in tasks)
+    for lead, prompt_id, answers in tasks:
+        assert set(answers) <= set(dict(per_prompt)[prompt_id])
+        own = {(a, b) for id_, task, a, b in pairs if id_ == lead or task == lead}
+        assert own == {(a, b) for i, a in enumerate(answers) for b in answers[i + 1:]}

@@ -355,3 +355,47 @@ def test_the_label_noise_loss_is_bradley_terry_for_a_sure_label_and_counts_a_lab
         margin = torch.zeros(1, requires_grad=True)
         label_noise_loss(margin, torch.tensor([c])).backward()
         assert margin.grad.item() == pytest.approx(-(2 * c - 1) / 2, abs=1e-6)
+
+
+def test_plackett_luce_is_bradley_terry_at_two_answers_on_the_tiny_model_in_loss_and_gradients(tiny_model_dir):
+    from train.reward import plackett_luce_loss
+
+    model, tokenizer = build_model(str(tiny_model_dir), RewardModelConfig(lora_dropout=0.0))
+    rows = toy_rows(prompts=4)
+    pad = tokenizer.pad_token_id
+    sequences = [encode(tokenizer, row.prompt, text, 64).input_ids for row in rows for text in (row.chosen, row.rejected)]
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])  # (2N, T), right-padded
+    mask = (torch.arange(width)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]).long()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(loss_of) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        scores = model(input_ids=ids, attention_mask=mask).logits.view(len(rows), 2, -1)  # (N, chosen|rejected, heads)
+        loss = loss_of(scores.transpose(1, 2)).sum()  # over pairs and heads
+        return loss.detach(), torch.autograd.grad(loss, trainable)
+
+    ranks = torch.tensor([1, 2])  # the chosen answer first
+    pl, pl_grads = loss_and_grads(lambda s: plackett_luce_loss(s, ranks.expand_as(s)))
+    bt, bt_grads = loss_and_grads(lambda s: -torch.nn.functional.logsigmoid(s[..., 0] - s[..., 1]))
+    assert pl.item() == pytest.approx(bt.item(), rel=1e-6)
+    assert any(g.abs().sum() > 0 for g in bt_grads)
+    for got, want in zip(pl_grads, bt_grads, strict=True):
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()
+
+
+def test_plackett_luce_with_ties_shares_a_denominator_and_ignores_the_order_of_the_answers():
+    from train.reward import plackett_luce_loss
+
+    def lse(*x: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(torch.stack(x), dim=0)
+
+    a, b, c, d = scores = torch.tensor([0.3, -1.2, 2.0, 0.5], dtype=torch.float64)
+    # a > b = c > d: a from all four; b and c, tied, each from {b, c, d}; d from {d} alone.
+    want = -((a - lse(a, b, c, d)) + (b - lse(b, c, d)) + (c - lse(b, c, d)) + (d - d))
+    ranks = torch.tensor([1, 2, 2, 3])
+    assert plackett_luce_loss(scores, ranks).item() == pytest.approx(want.item(), rel=1e-12)
+    order = torch.tensor([2, 0, 3, 1])
+    assert plackett_luce_loss(scores[order], ranks[order]).item() == pytest.approx(want.item(), rel=1e-12)
+    # Without the tie, a > b > c > d: the full Plackett-Luce product.
+    want = -((a - lse(a, b, c, d)) + (b - lse(b, c, d)) + (c - lse(c, d)))
+    assert plackett_luce_loss(scores, torch.tensor([1, 2, 3, 4])).item() == pytest.approx(want.item(), rel=1e-12)

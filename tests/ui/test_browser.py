@@ -501,3 +501,104 @@ def test_a_gold_pair_answered_wrongly_lowers_the_annotators_reliability_in_the_d
         assert dialogs == []
     finally:
         server.stop()
+
+
+def shown_answers(page: Page) -> list[str]:
+    """A task's answers as shown, A first, checked to be text: nothing from a model became an element."""
+    for tag in ("img", "script", "b", "strong", "em"):
+        assert page.locator(f"#answers {tag}").count() == 0, f"a <{tag}> element in the answers"
+    return page.locator("#answers .tether-text").all_inner_texts()
+
+
+def rank_list(page: Page) -> list[str]:
+    """The rank list as on screen: the letters best first, '=' before one tied with the one above."""
+    items = page.locator("#rank-list .tether-rank-item")
+    return [("=" if item.get_attribute("data-tie") == "true" else "") + item.get_attribute("data-label") for item in items.all()]
+
+
+def submitted_ranks(answers: list[str], submitted: str) -> dict[str, int]:
+    """Each answer's rank (1 the best, ties sharing one) from the letters submitted, "C > A = D > B"."""
+    return {answers["ABCD".index(letter)]: rank
+            for rank, group in enumerate(submitted.split(" > "), start=1) for letter in group.split(" = ")}
+
+
+def test_rank_four_answers_by_keyboard_and_by_drag_with_ties_stored_once_and_exported_as_pairs(browser, tiny_project):
+    add_users(tiny_project, {"alice": "annotator"})
+    set_settings(tiny_project, "queue", answers_per_task=4)
+    add_pairs(tiny_project, 2, texts=lambda prompt, k: f"answer {k} to {prompt}: {IMG} **{k}**", answers_per_task=4)
+    dialogs: list[str] = []
+    rankings = []  # each ranking's answers as shown, A first, and what was submitted
+    server = RunningServer(tiny_project)
+    try:
+        page = open_page(browser, server.url, dialogs)
+        sign_in(page, "alice")
+        expect(page.locator("#rank-list .tether-rank-item")).to_have_count(4)
+        expect(page.locator("#progress")).to_have_text(progress("alice", 0, 2))
+        expect(page.locator("#side-a .tether-side")).to_have_count(0)
+        expect(page.locator("#key-1")).to_be_hidden()  # a pair's vote buttons
+
+        # By keyboard: C to the top, D above B, D tied with A; digits do not vote; Enter submits.
+        answers = shown_answers(page)
+        assert len(answers) == 4 and all(IMG in text and "**" in text for text in answers)
+        focus_body(page)
+        page.keyboard.press("1")
+        for key in ["c", "ArrowUp", "ArrowUp", "d", "ArrowUp", "="]:
+            page.keyboard.press(key)
+        assert rank_list(page) == ["C", "A", "=D", "B"]
+        expect(page.locator("#rank-list .tether-rank-no")).to_have_text(["1", "2", "2=", "4"])
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "rank.png"), full_page=True)
+        page.keyboard.press("Enter")
+        rankings.append((answers, "C > A = D > B"))
+        expect(page.locator("#progress")).to_have_text(progress("alice", 1, 1))
+        expect(page.locator("#message")).to_have_text("")
+
+        # By drag: D onto A (to the top), B onto A (above it), then C tied with A by its = button; submit by click.
+        expect(page.locator("#answers .tether-text").first).not_to_have_text(answers[0])
+        answers = shown_answers(page)
+        item = {label: page.locator(f'#rank-list .tether-rank-item[data-label="{label}"]') for label in "ABCD"}
+        item["D"].drag_to(item["A"])
+        assert rank_list(page) == ["D", "A", "B", "C"]
+        item["B"].drag_to(item["A"])
+        assert rank_list(page) == ["D", "B", "A", "C"]
+        item["C"].locator(".tether-tie").click()
+        assert rank_list(page) == ["D", "B", "A", "=C"]
+        page.get_by_role("button", name="Submit ranking [Enter]").click()
+        rankings.append((answers, "D > B > A = C"))
+        expect(page.locator("#progress")).to_have_text(progress("alice", 2, 0))
+        expect(page.locator("#message")).to_have_text("")
+        page.context.close()
+        assert dialogs == []
+    finally:
+        server.stop()
+
+    # Each ranking is one row, in the order submitted, and its six pairs are votes on the task's pairs.
+    from store import open_database
+
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        stored = con.execute(
+            "SELECT r.id, list(c.text ORDER BY i), r.ranks FROM rankings r, unnest(r.completion_ids) WITH ORDINALITY AS u(id, i) "
+            "JOIN completions c ON c.id = u.id GROUP BY r.id, r.ranks ORDER BY r.id"
+        ).fetchall()
+        votes = con.execute("SELECT count(*) FROM comparisons WHERE annotator = 'alice'").fetchone()[0]
+    assert votes == 12
+    for (_, texts, ranks), (answers, submitted) in zip(stored, rankings, strict=True):
+        assert dict(zip(texts, ranks)) == submitted_ranks(answers, submitted)
+
+    # The export gives each ranking, and its six pairs (a tie among them) as votes.
+    raw, ranked = tiny_project / "votes.jsonl", tiny_project / "rankings.jsonl"
+    done = run_tether("export", "--format", "jsonl", "--out", str(raw), "--include-ties", "--rankings", str(ranked),
+                      "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert "2 rankings" in done.stdout, done.stdout
+    rows = [json.loads(line) for line in raw.read_text().splitlines()]
+    exported = [json.loads(line) for line in ranked.read_text().splitlines()]
+    assert len(rows) == 12 and len(exported) == 2
+    for ranking, (answers, submitted) in zip(exported, rankings, strict=True):
+        rank = dict(zip((answer[0]["content"] for answer in ranking["answers"]), ranking["ranks"]))
+        assert rank == submitted_ranks(answers, submitted) and ranking["annotator"] == "alice"
+        pairs = [row for row in rows if row["prompt_id"] == ranking["prompt_id"]]
+        assert len(pairs) == 6 and sorted(row["choice"] == "tie" for row in pairs) == [False] * 5 + [True]
+        for row in pairs:
+            a, b = rank[row["completion_a"][0]["content"]], rank[row["completion_b"][0]["content"]]
+            assert row["choice"] == ("a" if a < b else "b" if a > b else "tie")

@@ -176,3 +176,37 @@ def test_a_decompression_bomb_is_refused_in_bounded_memory_while_votes_go_on(tin
     assert peak - before < 300 * 2**20, f"the server's peak memory grew by {(peak - before) / 2**20:.0f} MiB"
     assert [message for _, message in votes] == [""] * len(votes)
     assert any(during for during, _ in votes)
+
+
+def test_malformed_rankings_through_the_api_are_refused_clearly_and_nothing_is_written(tiny_project):
+    add_pairs(tiny_project, prompts=2, answers_per_task=4)
+    add_users(tiny_project, {"mallory": "annotator"}, PASSWORD)
+    server = RunningServer(tiny_project)
+    try:
+        mallory = signed_in(server.url, "mallory")
+        lease = call(mallory, "next_pair").json()["data"][0]
+        not_text = "the ranking must be text such as &#x27;C &gt; A = D &gt; B&#x27;, of at most 200 characters"
+        refused = [
+            ("A > B > C", "the ranking leaves out answer D: rank all 4 answers"),
+            ("A > B = C > D > B", "the ranking names answer B 2 times; name each answer once"),
+            ("A > B > C > E", ("the ranking names &#x27;E&#x27;, which is not one of the answers A, B, C, D, "
+                               "as in &#x27;A &gt; B &gt; C &gt; D&#x27;")),
+            ("", "the ranking is empty: rank all 4 answers"),
+            (5, not_text), (["A", "B"], not_text), ({"A": 1}, not_text), ("A > " * 5_000, not_text),
+        ]
+        for ranking, message in refused:
+            reply = call(mallory, "rank", lease, ranking)
+            assert reply.status_code == 200, reply.text
+            view = reply.json()["data"]
+            assert view[MESSAGE] == message, ranking
+            assert view[0] == lease  # the same task stays, to rank again
+        assert call(mallory, "vote_left", lease, None, "").json()["data"][MESSAGE] == "this task wants a ranking of its answers, not a vote"
+        # Signed out, nothing is answered at all; signed in, a whole ranking is stored.
+        assert httpx.post(f"{server.url}gradio_api/run/rank", json={"data": [lease, "A > B > C > D"]}).status_code == 401
+        view = call(mallory, "rank", lease, "A > B = C > D").json()["data"]
+        assert view[MESSAGE] == "" and view[0] != lease
+    finally:
+        server.stop()
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT ranks FROM rankings").fetchall() == [([1, 2, 2, 3],)]
+        assert con.execute("SELECT count(*) FROM comparisons").fetchone()[0] == 6

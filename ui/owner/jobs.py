@@ -74,7 +74,8 @@ def submit_generation(
     The completions are paired within each prompt or, given `against`, each with one of that
     policy version's completions of its prompt. With the 'active' queue and a reward model that
     `steers`, the job also scores them, and a prompt's per_prompt / 2 pairs are chosen from
-    `candidates` times as many answers (annotate.pairs.most_disputed).
+    `candidates` times as many answers (annotate.pairs.most_disputed). Otherwise, with [queue] answers_per_task
+    K > 2, each prompt gets at least K completions, grouped into tasks to rank.
     """
     generation = project.config.generation
     if per_prompt is not None:
@@ -89,6 +90,8 @@ def submit_generation(
     if reward_model is not None and against is None:
         pairs_per_prompt = max(1, generation.per_prompt // 2)
         generation = dataclasses.replace(generation, per_prompt=pairs_per_prompt * queue.candidates)
+    elif against is None and 2 < queue.answers_per_task and generation.per_prompt < queue.answers_per_task:  # a task to rank wants K
+        generation = dataclasses.replace(generation, per_prompt=queue.answers_per_task)
     config = {
         "model": dataclasses.asdict(project.config.model),
         "generation": dataclasses.asdict(generation),
