@@ -104,7 +104,7 @@ def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
 
     # One head: the TRL arm merges this reward model into a scalar classifier.
     config = RewardModelConfig(heads=1, batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
-                               gradient_checkpointing=options.gradient_checkpointing)
+                               gradient_checkpointing={"true": True, "false": False}.get(options.gradient_checkpointing, "auto"))
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
     metrics = train_reward_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))
     return {"pairs_per_second": metrics["pairs_per_second"], "peak_gpu_gb": peak_gpu_gb()}
@@ -198,7 +198,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=256, help="reward-model training pairs [default: 256]")
     parser.add_argument("--rm-batch-size", type=int, default=16, help="reward-model batch [default: 16]")
     parser.add_argument("--rm-max-length", type=int, default=512, help="reward-model max_length [default: 512]")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="checkpoint the reward model's activations")
+    parser.add_argument("--gradient-checkpointing", choices=["auto", "true", "false"], default="auto",
+                        help="the reward model's [reward_model] gradient_checkpointing; 'auto' is on for a 4-bit base [default: auto]")
     parser.add_argument("--steps", type=int, default=8, help="PPO steps [default: 8]")
     parser.add_argument("--batch-size", type=int, default=32, help="PPO responses a step [default: 32]")
     parser.add_argument("--minibatch-size", type=int, default=8, help="PPO responses an optimiser step [default: 8]")
@@ -240,7 +241,9 @@ def run_child(options, arm: str, model_dir: Path, workdir: Path, quantization: s
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, __file__, *sys.argv[1:], "--arm", arm, "--model-dir", str(model_dir),
                "--workdir", str(workdir), "--quantization", quantization]
-    return run_arm(f"{arm} {model_dir.name} {quantization}", command)
+    result = run_arm(f"{arm} {model_dir.name} {quantization}", command)
+    print(f"  {arm} {model_dir.name} {quantization}: {json.dumps(result)}", file=sys.stderr, flush=True)  # kept if a later arm fails
+    return result
 
 
 def child(options) -> dict:
