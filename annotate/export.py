@@ -30,9 +30,9 @@ from store import Connection, StoreError
 from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
 from store.gold import gold_answers
-from store.rankings import stored_rankings
+from store.rankings import ranked_task_pairs, stored_rankings
 from train.files import built_beside
-from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, assistant, conversational
+from train.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, RankingRow, assistant, conversational
 
 # Explicit column types, so that a column that happens to be all null (no policy versions for
 # imported completions, no strengths) keeps its type in Parquet and in a datasets directory.
@@ -176,10 +176,11 @@ def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:
 
 
 def preference_rows(
-    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off"
+    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off", rankings: str = "pairs"
 ) -> list[PreferenceRow]:
     """What a reward model trains on: the majority-resolved preference rows (ties, both-bad and unresolved pairs left
-    out), those the preference export writes.
+    out), those the preference export writes. With `rankings` = 'plackett_luce' ([reward_model] rankings) the pairs of
+    ranked tasks are left out: their rankings are fitted whole instead (ranking_rows).
 
     With `weight_by_trust`, each pair is resolved instead by its votes weighted by their annotators'
     estimated reliability (annotate.trust), a gold pair by its known answer, and each row carries
@@ -191,8 +192,9 @@ def preference_rows(
     gold = gold_answers(con) if weight_by_trust else {}
     reliability = {a: r.reliability for a, r in project_reliability(con).items()} if weight_by_trust else None
     judges = agreement_with_people(con) if ai_votes == "weight" else {}
+    ranked = ranked_task_pairs(con) if rankings == "plackett_luce" else set()
     for pair in deciding_votes(voted_pairs(con), ai_votes != "off"):
-        if not include_imported and all(vote.source == "import" for vote in pair.votes):
+        if pair.pair_id in ranked or (not include_imported and all(vote.source == "import" for vote in pair.votes)):
             continue
         winner = majority([vote.choice for vote in pair.votes])
         if pair.pair_id in gold:  # weighing by trust: the known answer, whoever voted
@@ -206,6 +208,11 @@ def preference_rows(
         elif winner in ("a", "b"):
             rows.append(_resolved(pair, winner))
     return rows
+
+
+def ranking_rows(con: Connection) -> list[RankingRow]:
+    """Every ranking, each one Plackett-Luce item. Only people rank: the AI judge and imports vote on pairs."""
+    return [RankingRow(r.prompt, r.texts, r.ranks, r.id, r.pair_id, r.prompt_id, r.completion_ids) for r in stored_rankings(con)]
 
 
 def _judged_confidence(pair: VotedPair, winner: str, judges: dict[str, JudgeAgreement]) -> float:

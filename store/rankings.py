@@ -70,6 +70,11 @@ def task_pairs(con: Connection, lead: int) -> list[tuple[int, int, int]]:
     return con.execute("SELECT id, completion_a, completion_b FROM pairs WHERE id = ? OR task = ? ORDER BY id", [lead, lead]).fetchall()
 
 
+def ranked_task_pairs(con: Connection) -> set[int]:
+    """The ids of every pair that belongs to a task of more than two answers: those answered by rankings."""
+    return {row[0] for row in con.execute("SELECT id FROM pairs WHERE task IS NOT NULL OR answers IS NOT NULL").fetchall()}
+
+
 def ranking_row(ranked: Ranked, prompt_id: int, annotator: str, elapsed: timedelta, token: str, source: str, now: datetime) -> tuple:
     """A ranking as insert_rankings stores it."""
     return (ranked.pair_id, prompt_id, annotator, ranked.completion_ids, ranked.ranks, int(elapsed.total_seconds() * 1000),

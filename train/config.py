@@ -14,6 +14,7 @@ QUANTIZATIONS = ("none", "4bit", "8bit")
 DPO_PAIRS = ("human", "reward_model", "both")
 REWARD_MODEL_TRUST = ("once_proven", "always")
 AI_VOTES = ("off", "include", "weight")
+RANKINGS = ("pairs", "plackett_luce")  # [reward_model] rankings
 JUDGE_FIELDS = ("prompt", "answer_a", "answer_b")
 DEFAULT_JUDGE_TEMPLATE = """Which response to the conversation below is better: more helpful, honest and harmless?
 
@@ -195,6 +196,15 @@ class RewardModelConfig:
                           "votes give it (CrowdBT), so a coin-flipper's votes teach nothing. Off, each pair is its votes' "
                           "majority, taken as certain."},
     )
+    rankings: str = field(
+        default="pairs",
+        metadata={"help": "How a ranking of K answers ([queue] answers_per_task over 2) trains the reward model: 'pairs' "
+                          "(as the K(K-1)/2 pairwise votes it implies, each a Bradley-Terry item) or 'plackett_luce' (as one "
+                          "item, the likelihood of its whole order: the best picked first from all K, the next from those "
+                          "left, and so on, with ties as Breslow's approximation takes them; at K = 2 it is Bradley-Terry). "
+                          "'pairs' counts a ranking K(K-1)/2 times though its pairs are not independent votes. Either way a "
+                          "ranking is held out by its prompt, and the held-out accuracy is over pairs."},
+    )
     warm_start: bool = field(
         default=True,
         metadata={"help": "Continue from the newest reward-model version's adapter and head, training on the pairs it has "
@@ -235,6 +245,8 @@ class RewardModelConfig:
             raise ValueError(f"gradient_checkpointing must be true, false or 'auto', got {self.gradient_checkpointing!r}")
         if self.ai_votes not in AI_VOTES:
             raise ValueError(f"ai_votes must be one of {', '.join(AI_VOTES)}, got {self.ai_votes!r}")
+        if self.rankings not in RANKINGS:
+            raise ValueError(f"rankings must be one of {', '.join(RANKINGS)}, got {self.rankings!r}")
 
     def checkpointing(self, model: ModelConfig) -> bool:
         """Whether training recomputes activations, with 'auto' settled for this base."""

@@ -9,7 +9,9 @@ The saved model, its encoding and its scores are train.reward_model's. The algor
    output at the last non-pad token (the EOS that closes the response). A pair whose label is
    right only with probability c < 1 (its row's confidence) is fitted CrowdBT-style (Chen et al.
    2013): -log(c sigmoid(d) + (1 - c) sigmoid(-d)), so a vote at c = 0.5 teaches nothing and at
-   c = 1 it is plain Bradley-Terry. Each head k weighs pair i
+   c = 1 it is plain Bradley-Terry. A ranking of K answers ([reward_model] rankings =
+   "plackett_luce") is one item, fitted by its Plackett-Luce likelihood, which is Bradley-Terry's
+   at K = 2; its answers share a batch with the pairs'. Each head k weighs row i
    by its own bootstrap weight w_ik, 0 or 2 at random ("double or nothing", Owen & Eckles 2012),
    so the heads learn on different resamplings of the votes through one shared adapter: an
    ensemble whose spread is the reward's uncertainty, at the cost of one model. From scratch, a fresh
@@ -19,7 +21,7 @@ The saved model, its encoding and its scores are train.reward_model's. The algor
 4. normalise: each head's mean and std of the raw rewards on up to 64 of the pairs this run fitted (of all
    the training pairs from scratch; of the new and replayed ones warm-started), saved beside the
    adapter, so that (raw - mean) / std is comparable across reward-model versions;
-5. evaluate pairwise accuracy and calibration on the held-out prompts;
+5. evaluate pairwise accuracy and calibration on the held-out prompts (a ranking as its untied pairs);
 6. save it as train.reward_model.save_reward_model does: a plain PEFT adapter directory with the
    head, the tokenizer, the normalisation and the metrics.
 
@@ -39,6 +41,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from train import distributed
@@ -59,11 +62,13 @@ from train.reward_model import (
     score_sequences,
     trained_config,
 )
-from train.snapshot import Messages, PreferenceRow
+from train.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 NORMALIZATION_PAIRS = 64
+
+Row = PreferenceRow | RankingRow  # what a reward model fits: a pair, or with [reward_model] rankings = "plackett_luce" a ranking
 
 
 @dataclass(frozen=True)
@@ -72,15 +77,15 @@ class WarmStart:
 
     adapter_dir: Path  # the previous version's saved reward model
     version: int
-    new_train: list[PreferenceRow]  # training-side pairs it never saw
-    new_eval: list[PreferenceRow]  # held-out pairs it never saw; with new_train, the new votes it is measured on
-    replayed: list[PreferenceRow]  # training pairs it saw, fitted again so that it does not forget them
+    new_train: list[Row]  # training-side rows it never saw
+    new_eval: list[Row]  # held-out rows it never saw; with new_train, the new votes it is measured on
+    replayed: list[Row]  # training rows it saw, fitted again so that it does not forget them
 
 
 # 1. Split
 
 
-def split_by_prompt(rows: list[PreferenceRow], eval_share: float) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
+def split_by_prompt(rows: list[Row], eval_share: float) -> tuple[list[Row], list[Row]]:
     """(train, eval): the prompts whose hash falls below eval_share, with all their pairs, go to eval.
 
     A prompt's side follows from its messages alone, not from the other rows, so it keeps its side
@@ -116,9 +121,9 @@ def _eval_position(prompt_key: str) -> float:
 def plan_warm_start(
     adapter_dir: Path,
     version: int,
-    train_rows: list[PreferenceRow],
-    eval_rows: list[PreferenceRow],
-    is_new: Callable[[PreferenceRow], bool],
+    train_rows: list[Row],
+    eval_rows: list[Row],
+    is_new: Callable[[Row], bool],
     replay: float,
     seed: int,
 ) -> WarmStart:
@@ -132,6 +137,11 @@ def plan_warm_start(
     old_train = [row for row in train_rows if not is_new(row)]
     replayed = random.Random(seed + version).sample(old_train, min(len(old_train), round(replay * len(new_train))))
     return WarmStart(Path(adapter_dir), version, new_train, [row for row in eval_rows if is_new(row)], replayed)
+
+
+def as_pairs(rows: list[Row]) -> list[PreferenceRow]:
+    """The rows as pairs, for pairwise accuracy: a ranking as the pairs of its answers that are not tied."""
+    return [pair for row in rows for pair in (row.pairs() if isinstance(row, RankingRow) else [row])]
 
 
 def _prompt_key(prompt: Messages) -> str:
@@ -189,15 +199,15 @@ class _ProgressCallback(TrainerCallback):
                 })
 
 
-def bootstrap_weights(row: PreferenceRow, heads: int, seed: int) -> list[float]:
-    """Pair `row`'s weight in each head's loss: 0 or 2 at random, or 1 with a single head.
+def bootstrap_weights(row: Row, heads: int, seed: int) -> list[float]:
+    """Row `row`'s weight in each head's loss: 0 or 2 at random, or 1 with a single head.
 
-    Drawn from the pair's content, so a pair keeps its weights in every version: a warm-started
+    Drawn from the row's content, so a row keeps its weights in every version: a warm-started
     head goes on fitting the same resampling of the votes.
     """
     if heads == 1:
         return [1.0]
-    key = json.dumps([seed, row.prompt, row.chosen, row.rejected], ensure_ascii=False)
+    key = json.dumps([seed, row.prompt, *ranked_answers(row)[0]], ensure_ascii=False)
     bits = int(hashlib.sha256(key.encode()).hexdigest(), 16)
     return [2.0 * ((bits >> k) & 1) for k in range(heads)]
 
@@ -210,15 +220,22 @@ def label_noise_loss(margin: torch.Tensor, confidence: torch.Tensor) -> torch.Te
     return -torch.logaddexp(confidence.log() + F.logsigmoid(margin), torch.log1p(-confidence) + F.logsigmoid(-margin))
 
 
-def plackett_luce_loss(scores: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+def plackett_luce_loss(scores: torch.Tensor, ranks: torch.Tensor, present: torch.Tensor | None = None) -> torch.Tensor:
     """A ranking's negative log-likelihood under Plackett-Luce: the best answer is picked first from all K with
     probability softmax(scores), the next from those left, and so on; equal ranks are a tie, taken as Breslow's
     approximation does, every tied answer picked from the same set (its group and all below it).
 
-    scores: (..., K), one ranking's answers in any order; ranks: (..., K), 1 the best. With K = 2 and no tie it is
-    -log sigmoid(r_better - r_worse), Bradley-Terry's loss, exactly; a ranking of K answers weighs as one item.
+    scores: (..., K), one ranking's answers in any order; ranks: (..., K), 1 the best; present: (..., K), False
+    for the padding of a ranking shorter than K, which then counts as if it were not there. With K = 2 and no tie
+    it is -log sigmoid(r_better - r_worse), Bradley-Terry's loss, exactly; a ranking of K answers weighs as one item.
     """
     below = ranks[..., None, :] >= ranks[..., :, None]  # (..., K, K): answer j is picked from among i's set
+    if present is not None:
+        # Padding is in no set but its own, with score 0: its term is 0 - 0, and nothing is -inf, whose
+        # gradient would be NaN even where the term is masked.
+        pair_present = present[..., None, :] & present[..., :, None]
+        below = (below & pair_present) | torch.eye(ranks.shape[-1], dtype=torch.bool, device=ranks.device)
+        scores = scores.masked_fill(~present, 0.0)
     denominators = torch.logsumexp(scores[..., None, :].masked_fill(~below, float("-inf")), dim=-1)  # (..., K)
     return -(scores - denominators).sum(dim=-1)
 
@@ -228,21 +245,29 @@ def _bootstrap_trainer():
     from trl import RewardTrainer
 
     class BootstrapRewardTrainer(RewardTrainer):
-        """TRL's RewardTrainer with K heads, each pair weighted per head by its bootstrap weight.
+        """TRL's RewardTrainer with H heads, each row weighted per head by its bootstrap weight.
 
-        The loss is mean over pairs and heads of w_ik * -log sigmoid(r_k(chosen) - r_k(rejected)):
-        with one head and weights 1 it is TRL's loss. The logged accuracy is the heads' mean's.
+        The loss is the mean over rows and heads of w_ih times row i's loss under head h: for a pair,
+        -log sigmoid(r_h(chosen) - r_h(rejected)), CrowdBT's where its confidence is below 1; for a
+        ranking, its Plackett-Luce loss. With one head, weights 1 and pairs alone it is TRL's loss.
+        The logged accuracy is the heads' mean's, of each row's first answer over its second.
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            weights = inputs.pop("weights")  # (B, K)
+            weights = inputs.pop("weights")  # (B, H)
             confidence = inputs.pop("confidence")  # (B,)
+            answers, ranks, ranking = inputs.pop("answers"), inputs.pop("ranks"), inputs.pop("ranking")  # (B, K), (B, K), (B,)
             outputs = model(**inputs, use_cache=False)
-            chosen, rejected = torch.chunk(outputs.logits, chunks=2)  # (B, K) each
-            loss = (weights.to(chosen.dtype) * label_noise_loss(chosen - rejected, confidence[:, None].to(chosen.dtype))).mean()
+            scores = outputs.logits[answers.clamp(min=0)].transpose(1, 2)  # (B, H, K)
+            margin = scores[..., 0] - scores[..., 1]  # (B, H): a pair's chosen over its rejected
+            losses = label_noise_loss(margin, confidence[:, None].to(scores.dtype))
+            if ranking.any():
+                ranked = plackett_luce_loss(scores, ranks[:, None, :], (answers >= 0)[:, None, :])
+                losses = torch.where(ranking[:, None], ranked, losses)
+            loss = (weights.to(scores.dtype) * losses).mean()
             mode = "train" if self.model.training else "eval"
             with torch.no_grad():
-                margin = (chosen - rejected).mean(dim=-1)
+                margin = margin.mean(dim=-1)
                 accuracy = self.accelerator.gather_for_metrics((margin > 0).float().mean()).mean().item()
                 self._metrics[mode]["accuracy"].append(accuracy)
                 self._metrics[mode]["margin"].append(self.accelerator.gather_for_metrics(margin.mean()).mean().item())
@@ -252,11 +277,12 @@ def _bootstrap_trainer():
 
 
 def _fit(
-    model, tokenizer, encoded: EncodedPairs, weights: list[list[float]], confidence: list[float], config: RewardModelConfig,
-    on_progress: ProgressFn | None, on_cpu: bool,
+    model, tokenizer, encoded: EncodedPairs, weights: list[list[float]], confidence: list[float], ranking: list[bool],
+    config: RewardModelConfig, on_progress: ProgressFn | None, on_cpu: bool,
 ) -> list[float]:
-    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded pairs, each head weighing each pair by
-    weights (N, K), each label right with probability `confidence` (N); the loss of each step.
+    """Bradley-Terry fit with TRL's RewardTrainer on the pre-encoded rows, each head weighing each row by
+    weights (N, H), each pair's label right with probability `confidence` (N), and the rows where `ranking`
+    says so fitted as rankings, Plackett-Luce; the loss of each step.
 
     Under accelerate launch the Trainer is data-parallel: each process takes its part of every
     batch, so config.batch_size stays the global batch and must split evenly.
@@ -273,9 +299,12 @@ def _fit(
     dataset = Dataset.from_dict({
         "chosen_ids": encoded.chosen_ids,
         "rejected_ids": encoded.rejected_ids,
+        "more_ids": encoded.more_ids,
+        "ranks": encoded.ranks,
+        "ranking": ranking,
         "weights": weights,
         "confidence": confidence,
-        "length": [max(len(c), len(r)) for c, r in zip(encoded.chosen_ids, encoded.rejected_ids)],
+        "length": [max(map(len, [c, r, *more])) for c, r, more in zip(encoded.chosen_ids, encoded.rejected_ids, encoded.more_ids)],
     })
     progress = _ProgressCallback(on_progress)
     with tempfile.TemporaryDirectory(prefix="tether-rm-") as scratch:  # the Trainer wants an output_dir; nothing is kept
@@ -290,7 +319,7 @@ def _fit(
             seed=config.seed,
             # Batches of pairs of like length (shuffled in groups of 50 batches) spend less on padding.
             train_sampling_strategy="group_by_length",
-            remove_unused_columns=False,  # keeps "length" for the sampler, "weights" and "confidence" for the loss
+            remove_unused_columns=False,  # keeps "length" for the sampler, and the rest for collate_rows and the loss
             logging_steps=1,
             save_strategy="no",
             eval_strategy="no",
@@ -315,21 +344,41 @@ def _fit(
         trainable_in_float32(trainer.model)
         if len(trainer.train_dataset) != len(dataset):
             raise ModelError(f"RewardTrainer dropped {len(dataset) - len(trainer.train_dataset)} of {len(dataset)} pairs")
-        collate, fitted = trainer.data_collator, 0
+        fitted = 0
 
-        def counting_collate(pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        def counting_collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             nonlocal fitted
-            fitted += len(pairs)
-            return {**collate(pairs), "weights": torch.tensor([pair["weights"] for pair in pairs]),
-                    "confidence": torch.tensor([pair["confidence"] for pair in pairs])}
+            fitted += len(rows)
+            return collate_rows(rows, tokenizer.pad_token_id)
 
         trainer.data_collator = counting_collate
         trainer.train()
-        distributed.report_share(fitted, "pairs fitted")
+        distributed.report_share(fitted, "rows fitted")
         # Mixed precision wraps model.forward in autocast; scoring must see the float32 model that loads later.
         trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     model.eval()
     return progress.losses
+
+
+def collate_rows(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """A batch of encoded rows as one right-padded batch of every answer, as TRL's preference collator pads a pair's
+    two, with `answers` (B, K): each row's answers' places in it, best first, -1 past a row's last; `ranks` (B, K),
+    0 past the last; and each row's weights, confidence and whether it is a ranking."""
+    sequences = [row["chosen_ids"] for row in rows] + [row["rejected_ids"] for row in rows]
+    width = max(len(row["ranks"]) for row in rows)
+    answers = torch.full((len(rows), width), -1)
+    ranks = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        answers[i, :2] = torch.tensor([i, len(rows) + i])
+        for k, ids in enumerate(row["more_ids"], start=2):
+            answers[i, k] = len(sequences)
+            sequences.append(ids)
+        ranks[i, : len(row["ranks"])] = torch.tensor(row["ranks"])
+    input_ids = pad_sequence([torch.tensor(ids) for ids in sequences], batch_first=True, padding_value=pad_token_id)
+    attention_mask = pad_sequence([torch.ones(len(ids), dtype=torch.long) for ids in sequences], batch_first=True, padding_value=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "answers": answers, "ranks": ranks,
+            "ranking": torch.tensor([row["ranking"] for row in rows]), "weights": torch.tensor([row["weights"] for row in rows]),
+            "confidence": torch.tensor([row["confidence"] for row in rows])}
 
 
 # The whole run
@@ -337,8 +386,8 @@ def _fit(
 
 def train_reward_model(
     model_path: str,
-    train_rows: list[PreferenceRow],
-    eval_rows: list[PreferenceRow],
+    train_rows: list[Row],
+    eval_rows: list[Row],
     config: RewardModelConfig,
     out_dir: Path,
     on_progress: ProgressFn | None = None,
@@ -375,24 +424,25 @@ def train_reward_model(
         # The previous version as it was saved: did it agree with the people who voted since?
         adapter_dir = warm_start.adapter_dir
         previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
-        new_votes = previous.pairwise_accuracy(warm_start.new_train + warm_start.new_eval, config.batch_size * 2)
+        new_votes = previous.pairwise_accuracy(as_pairs(warm_start.new_train + warm_start.new_eval), config.batch_size * 2)
         fit_rows = warm_start.new_train + warm_start.replayed
     encoded = encode_pairs(tokenizer, train_rows, config.max_length)
     fitted = encoded if fit_rows is train_rows else encode_pairs(tokenizer, fit_rows, config.max_length)
 
     fit_started = time.perf_counter()
     weights = [bootstrap_weights(row, config.heads, config.seed) for row in fit_rows]
-    confidence = [row.confidence for row in fit_rows]
-    losses = _fit(model, tokenizer, fitted, weights, confidence, config, on_progress, on_cpu=device(base).type == "cpu")
+    confidence = [getattr(row, "confidence", 1.0) for row in fit_rows]
+    ranking = [isinstance(row, RankingRow) for row in fit_rows]
+    losses = _fit(model, tokenizer, fitted, weights, confidence, ranking, config, on_progress, on_cpu=device(base).type == "cpu")
     train_seconds = time.perf_counter() - fit_started
 
-    # Over pairs this run fitted, new and replayed, so that the cost stays that of a round where
-    # scoring every pair so far would grow with all the votes; at most NORMALIZATION_PAIRS of them,
+    # Over rows this run fitted, new and replayed, so that the cost stays that of a round where
+    # scoring every row so far would grow with all the votes; at most NORMALIZATION_PAIRS of them,
     # drawn at random, which puts the std within about 6%.
     sample = random.Random(config.seed).sample(range(len(fit_rows)), min(len(fit_rows), NORMALIZATION_PAIRS))
-    sequences = [fitted.chosen_ids[i] for i in sample] + [fitted.rejected_ids[i] for i in sample]
+    sequences = [ids for i in sample for ids in (fitted.chosen_ids[i], fitted.rejected_ids[i], *fitted.more_ids[i])]
     normalization = normalization_of(score_sequences(model, tokenizer.pad_token_id, sequences, config.batch_size * 2))
-    held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(eval_rows, config.batch_size * 2)
+    held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(as_pairs(eval_rows), config.batch_size * 2)
 
     tail = max(1, len(losses) // 10)  # the first and last tenth of the steps show whether the loss moved
     metrics = {
@@ -406,14 +456,15 @@ def train_reward_model(
         "heads": config.heads,
         "reward_mean": normalization.mean,
         "reward_std": normalization.std,
-        "pairs_train": len(train_rows),
-        "pairs_eval": len(eval_rows),
+        "pairs_train": sum(isinstance(row, PreferenceRow) for row in train_rows),
+        "rankings_train": sum(isinstance(row, RankingRow) for row in train_rows),  # each one Plackett-Luce item
+        "pairs_eval": len(as_pairs(eval_rows)),  # a held-out ranking's pairs, each answers not tied
         "truncated": encoded.truncated,
         "truncated_eval": held_out.truncated,
         "responses_cut": encoded.responses_cut,
         "steps": len(losses),
         "train_seconds": train_seconds,
-        "pairs_per_second": len(fit_rows) * config.epochs / train_seconds,
+        "pairs_per_second": len(fit_rows) * config.epochs / train_seconds,  # rows: a ranking counts as one
         "warm_start_from": warm_start.version if warm_start else None,
         "pairs_new": len(warm_start.new_train) if warm_start else len(train_rows),  # training pairs fitted for the first time
         "pairs_replayed": len(warm_start.replayed) if warm_start else 0,

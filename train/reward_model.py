@@ -35,7 +35,7 @@ from train.errors import ModelError
 from train.files import built_beside
 from train.hardware import device
 from train.models import from_pretrained, give_pad_token, prepare_for_training, set_pad_token
-from train.snapshot import Messages, PreferenceRow
+from train.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
 
 NORMALIZATION_FILE = "reward_normalization.json"
 METRICS_FILE = "metrics.json"
@@ -85,10 +85,12 @@ class Encoded:
 
 @dataclass(frozen=True)
 class EncodedPairs:
-    chosen_ids: list[list[int]]
-    rejected_ids: list[list[int]]
-    truncated: int  # pairs with at least one sequence cut, prompt or response
-    responses_cut: int  # of those, pairs where a response alone was over max_length
+    chosen_ids: list[list[int]]  # each row's best answer: a pair's chosen
+    rejected_ids: list[list[int]]  # its next: a pair's rejected
+    more_ids: list[list[list[int]]]  # a ranking's third answer on, best first; none for a pair
+    ranks: list[list[int]]  # each row's answers' ranks, in the same order: [1, 2] for a pair
+    truncated: int  # rows with at least one sequence cut, prompt or response
+    responses_cut: int  # of those, rows where a response alone was over max_length
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, response: str, max_length: int) -> Encoded:
@@ -101,19 +103,21 @@ def encode(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, response:
     return _fit_length(_prompt_ids(tokenizer, prompt), _response_ids(tokenizer, response), max_length)
 
 
-def encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[PreferenceRow], max_length: int) -> EncodedPairs:
-    """Every row's chosen and rejected sequence, in row order: none is dropped, the cut ones are counted."""
-    chosen_ids, rejected_ids = [], []
+def encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[PreferenceRow | RankingRow], max_length: int) -> EncodedPairs:
+    """Every row's answers, best first, in row order: none is dropped, the cut ones are counted."""
+    chosen_ids, rejected_ids, more_ids, ranks = [], [], [], []
     truncated = responses_cut = 0
     for row in rows:
-        prompt_ids = _prompt_ids(tokenizer, row.prompt)  # once for both sides
-        chosen = _fit_length(prompt_ids, _response_ids(tokenizer, row.chosen), max_length)
-        rejected = _fit_length(prompt_ids, _response_ids(tokenizer, row.rejected), max_length)
-        chosen_ids.append(chosen.input_ids)
-        rejected_ids.append(rejected.input_ids)
-        truncated += any(e.prompt_cut or e.response_cut for e in (chosen, rejected))
-        responses_cut += chosen.response_cut or rejected.response_cut
-    return EncodedPairs(chosen_ids, rejected_ids, truncated, responses_cut)
+        prompt_ids = _prompt_ids(tokenizer, row.prompt)  # once for all its answers
+        texts, row_ranks = ranked_answers(row)
+        encoded = [_fit_length(prompt_ids, _response_ids(tokenizer, text), max_length) for text in texts]
+        chosen_ids.append(encoded[0].input_ids)
+        rejected_ids.append(encoded[1].input_ids)
+        more_ids.append([e.input_ids for e in encoded[2:]])
+        ranks.append(row_ranks)
+        truncated += any(e.prompt_cut or e.response_cut for e in encoded)
+        responses_cut += any(e.response_cut for e in encoded)
+    return EncodedPairs(chosen_ids, rejected_ids, more_ids, ranks, truncated, responses_cut)
 
 
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str) -> list[int]:

@@ -1,7 +1,7 @@
 """A preference snapshot: the resolved comparisons a reward-model or DPO job trains on, frozen as Parquet.
 
 The owner resolves each voted pair to a PreferenceRow and writes the snapshot into the job
-directory; the worker reads it back in the same shape, and the export writes the same rows with
+directory (and, for a reward model fitted Plackett-Luce, each ranking as a RankingRow beside it); the worker reads it back in the same shape, and the export writes the same rows with
 their votes. Token ids are not stored: completions keep only their text, and each reader
 tokenises with the template it trains on.
 
@@ -55,6 +55,47 @@ SCHEMA = pa.schema([  # PreferenceRow's fields, in order
     ("confidence", pa.float64()),
 ])
 
+
+
+@dataclass(frozen=True)
+class RankingRow:
+    """One annotator's ranking of a task's K answers to a prompt, fitted as one Plackett-Luce item
+    ([reward_model] rankings = "plackett_luce")."""
+
+    prompt: Messages
+    texts: list[str]  # best first
+    ranks: list[int]  # 1 the best; equal ranks are a tie
+    ranking_id: int
+    pair_id: int  # the task's lead pair
+    prompt_id: int
+    completion_ids: list[int]
+
+    def pairs(self) -> list[PreferenceRow]:
+        """The ranking as the preference rows it implies: one for each two answers not tied, the better chosen."""
+        return [
+            PreferenceRow(self.prompt, self.texts[i], self.texts[j], prompt_id=self.prompt_id,
+                          chosen_completion_id=self.completion_ids[i], rejected_completion_id=self.completion_ids[j])
+            for i in range(len(self.texts)) for j in range(i + 1, len(self.texts)) if self.ranks[i] < self.ranks[j]
+        ]
+
+
+def ranked_answers(row: PreferenceRow | RankingRow) -> tuple[list[str], list[int]]:
+    """A row's answers best first, with their ranks: a pair is its chosen (1) and its rejected (2) reply."""
+    if isinstance(row, RankingRow):
+        return row.texts, row.ranks
+    return [row.chosen, row.rejected], [1, 2]
+
+
+RANKING_SCHEMA = pa.schema([  # RankingRow's fields, in order
+    ("prompt", MESSAGES),
+    ("texts", pa.list_(pa.string())),
+    ("ranks", pa.list_(pa.int64())),
+    ("ranking_id", pa.int64()),
+    ("pair_id", pa.int64()),
+    ("prompt_id", pa.int64()),
+    ("completion_ids", pa.list_(pa.int64())),
+])
+
 # Where each row came from: the pair, its prompt, and each reply's completion and the policy that wrote it.
 ID_COLUMNS = ("pair_id", "prompt_id", "chosen_completion_id", "rejected_completion_id", "chosen_policy", "rejected_policy")
 
@@ -77,3 +118,13 @@ def preference_table(rows: list[PreferenceRow]) -> pa.Table:
 def read_preferences(path: Path) -> list[PreferenceRow]:
     """A snapshot's rows, in the order they were written."""
     return [PreferenceRow(**row) for row in pq.read_table(path, schema=SCHEMA).to_pylist()]
+
+
+def ranking_table(rows: list[RankingRow]) -> pa.Table:
+    """The rankings' table, frozen beside the preference snapshot."""
+    return pa.Table.from_pylist([vars(row) for row in rows], schema=RANKING_SCHEMA)
+
+
+def read_rankings(path: Path) -> list[RankingRow]:
+    """The rankings frozen beside a snapshot, in the order they were written."""
+    return [RankingRow(**row) for row in pq.read_table(path, schema=RANKING_SCHEMA).to_pylist()]

@@ -33,7 +33,7 @@ from train import distributed
 from train.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.errors import ModelError
 from train.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
-from train.snapshot import read_preferences
+from train.snapshot import RankingRow, read_preferences, read_rankings
 
 
 def whole_share(events: Events, done: int, share: int, whole: int) -> None:
@@ -86,25 +86,29 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
 
 
 def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Train a reward model on the frozen preferences; write it to reward_model/.
+    """Train a reward model on the frozen preferences, and rankings where frozen beside them; write it to reward_model/.
 
-    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids"}) it continues from that
-    version on the pairs it has not seen plus a replay sample; without, it starts from scratch.
+    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids", "new_ranking_ids"}) it continues
+    from that version on the pairs and rankings it has not seen plus a replay sample; without, it starts from scratch.
     """
     from train.models import resolve_model_path
     from train.reward import plan_warm_start, split_by_prompt, train_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
-    train_rows, eval_rows = split_by_prompt(read_preferences(input_path(job_dir, "preferences")), reward.eval_share)
+    rows = read_preferences(input_path(job_dir, "preferences"))
+    if input_path(job_dir, "rankings").exists():  # [reward_model] rankings = "plackett_luce"
+        rows += read_rankings(input_path(job_dir, "rankings"))
+    train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
     warm_start = None
     if start := config.get("warm_start"):
-        new_pair_ids = set(start["new_pair_ids"])
+        new_pair_ids, new_ranking_ids = set(start["new_pair_ids"]), set(start.get("new_ranking_ids", []))
         warm_start = plan_warm_start(
             Path(start["adapter_path"]), start["version"], train_rows, eval_rows,
-            lambda row: row.pair_id in new_pair_ids, reward.replay, reward.seed,
+            lambda row: row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids,
+            reward.replay, reward.seed,
         )
     events.emit(
-        "started", pairs_train=len(train_rows), pairs_eval=len(eval_rows), warm_start_from=warm_start.version if warm_start else None
+        "started", rows_train=len(train_rows), rows_eval=len(eval_rows), warm_start_from=warm_start.version if warm_start else None
     )
 
     def progress(update: dict[str, Any]) -> None:

@@ -402,8 +402,9 @@ def rm_train(include_imported: bool | None, project_dir: Path):
     click.echo(
         f"reward model v{reward_model.version}: held-out accuracy {_share(m['eval_accuracy'])} on {m['pairs_eval']} pairs"
         + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
-        + f", {m['heads']} heads, trained on {m['pairs_train']} pairs ({m['truncated']} truncated) in {m['train_seconds']:.0f} s, "
-        f"{m['pairs_per_second']:.2f} pairs/s"
+        + f", {m['heads']} heads, trained on {m['pairs_train']} pairs"
+        + (f" and {m['rankings_train']} rankings" if m.get("rankings_train") else "")
+        + f" ({m['truncated']} truncated) in {m['train_seconds']:.0f} s, {m['pairs_per_second']:.2f} rows/s"
     )
 
 

@@ -18,4 +18,4 @@ def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
     rm_pairs, rm_memory, ppo_tokens, generate_share, ppo_memory, ours, raw, ratio = map(float, row.groups())
     assert min(rm_pairs, rm_memory, ppo_tokens, ppo_memory, ours, raw) > 0 and 0 < generate_share < 100
     assert abs(ratio - ours / raw) < 0.02  # its ratio is of the unrounded rates
-    assert "process 0 of 1: 16 pairs fitted" in done.stderr and "process 0 of 1: 8 responses sampled over 2 steps" in done.stderr
+    assert "process 0 of 1: 16 rows fitted" in done.stderr and "process 0 of 1: 8 responses sampled over 2 steps" in done.stderr

@@ -62,7 +62,7 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     status, log = run_two_processes(tiny_project, lambda p, run: submit_reward_training(p, run, include_imported=True))
     assert status == "done", log
     two = reward_metrics(tiny_project)[1]
-    fitted = shares(log, "pairs fitted")
+    fitted = shares(log, "rows fitted")
     # Each process fits its half of every global batch of 4.
     assert set(fitted) == {0, 1} and fitted[0] == fitted[1] == two["pairs_train"] * 3 // 2, log
 

@@ -20,7 +20,7 @@ from train.reward_model import (
     encode_pairs,
     load_reward_model,
 )
-from train.snapshot import PreferenceRow
+from train.snapshot import PreferenceRow, RankingRow
 
 WORDS = ["apple", "river", "stone", "cloud", "music", "light", "table", "green"]
 
@@ -399,3 +399,66 @@ def test_plackett_luce_with_ties_shares_a_denominator_and_ignores_the_order_of_t
     # Without the tie, a > b > c > d: the full Plackett-Luce product.
     want = -((a - lse(a, b, c, d)) + (b - lse(b, c, d)) + (c - lse(c, d)))
     assert plackett_luce_loss(scores, torch.tensor([1, 2, 3, 4])).item() == pytest.approx(want.item(), rel=1e-12)
+
+
+def test_plackett_luce_leaves_out_the_padding_of_a_shorter_ranking_in_loss_and_gradients():
+    from train.reward import plackett_luce_loss
+
+    three = torch.tensor([0.4, -0.3, 1.1], dtype=torch.float64, requires_grad=True)
+    ranks = torch.tensor([2, 1, 2])  # the second answer best, the other two tied below it
+    want = plackett_luce_loss(three, ranks)
+    (want_grad,) = torch.autograd.grad(want, three)
+    padded = torch.cat([three, torch.tensor([7.0, -9.0], dtype=torch.float64)]).detach().requires_grad_()
+    present = torch.tensor([True, True, True, False, False])
+    got = plackett_luce_loss(padded, torch.cat([ranks, torch.tensor([0, 0])]), present)
+    (grad,) = torch.autograd.grad(got, padded)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    assert torch.equal(grad[3:], torch.zeros(2)) and torch.allclose(grad[:3], want_grad)
+
+
+def as_rankings(rows: list[PreferenceRow]) -> list[RankingRow]:
+    """Each pair as a ranking of its two answers, the chosen one first."""
+    return [RankingRow(row.prompt, [row.chosen, row.rejected], [1, 2], i, i, i, [2 * i, 2 * i + 1]) for i, row in enumerate(rows)]
+
+
+def test_a_ranking_of_two_answers_trains_as_its_pair_does(tiny_model_dir, tmp_path):
+    """Plackett-Luce at K = 2 is Bradley-Terry: the same rows as rankings of two train step for step as the pairs do."""
+    rows = toy_rows(prompts=24)
+    train, held = split_by_prompt(rows, eval_share=0.25)
+    config = dataclasses.replace(TRAIN_CONFIG, epochs=2)
+    pair_losses, ranking_losses = [], []
+    as_pairs = train_reward_model(str(tiny_model_dir), train, held, config, tmp_path / "pairs",
+                                  on_progress=lambda update: pair_losses.append(update["loss"]))
+    ranked = train_reward_model(str(tiny_model_dir), as_rankings(train), as_rankings(held), config, tmp_path / "rankings",
+                                on_progress=lambda update: ranking_losses.append(update["loss"]))
+    assert (ranked["pairs_train"], ranked["rankings_train"], ranked["pairs_eval"]) == (0, len(train), len(held))
+    assert (as_pairs["pairs_train"], as_pairs["rankings_train"], as_pairs["pairs_eval"]) == (len(train), 0, len(held))
+    assert len(ranking_losses) == len(pair_losses) == as_pairs["steps"] > 0
+    assert ranking_losses == pytest.approx(pair_losses, rel=1e-4)
+    assert ranked["eval_loss"] == pytest.approx(as_pairs["eval_loss"], rel=1e-4)
+
+
+def ranked_toys(prompts: int, seed: int = 0) -> list[RankingRow]:
+    """A learnable order of four answers: "thanks" first, then "please" and "okay" tied, then "sorry"."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(prompts):
+        body = " ".join(rng.choice(WORDS) for _ in range(4))
+        texts = [f"{body} {end}" for end in ("thanks", "please", "okay", "sorry")]
+        rows.append(RankingRow([{"role": "user", "content": f"Tell me about {rng.choice(WORDS)} number {i}."}], texts,
+                               [1, 2, 2, 3], i, i, i, [4 * i + k for k in range(4)]))
+    return rows
+
+
+def test_a_ranking_of_four_is_one_item_beside_the_pairs_and_its_order_is_learnt(tiny_model_dir, tmp_path):
+    rankings, pairs = ranked_toys(prompts=32), toy_rows(prompts=8, ask="Describe")
+    train, held = split_by_prompt(rankings + pairs, eval_share=0.25)
+    held_rankings = [row for row in held if isinstance(row, RankingRow)]
+    progress = []
+    metrics = train_reward_model(str(tiny_model_dir), train, held, TRAIN_CONFIG, tmp_path / "rm", on_progress=progress.append)
+    trained_rankings = sum(isinstance(row, RankingRow) for row in train)
+    assert (metrics["rankings_train"], metrics["pairs_train"]) == (trained_rankings, len(train) - trained_rankings)
+    assert metrics["pairs_eval"] == 5 * len(held_rankings) + len(held) - len(held_rankings)  # 6 pairs a ranking, one tied
+    # A ranking is one row of a batch, as a pair is: batches of 8 rows, not of 8 pairs.
+    assert metrics["steps"] == len(progress) == math.ceil(len(train) / TRAIN_CONFIG.batch_size) * TRAIN_CONFIG.epochs
+    assert metrics["eval_accuracy"] > 0.9  # of the held-out pairs, rankings' and plain ones'

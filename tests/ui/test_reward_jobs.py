@@ -237,3 +237,48 @@ def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_pro
         steps = {curve: [row[0] for row in curves["data"] if row[2] == curve] for curve in ("loss", "batch accuracy")}
         assert steps["loss"] == steps["batch accuracy"] == list(range(1, len(steps["loss"]) + 1))  # one point per step
         assert len(steps["loss"]) >= 2
+
+
+def test_with_plackett_luce_each_ranking_trains_whole_its_pairs_stay_out_and_a_warm_start_takes_the_new_rankings(tiny_project):
+    import random
+
+    from annotate.judges import concise
+    from annotate.simulate import cast_votes
+    from train.reward import split_by_prompt
+    from train.snapshot import RankingRow, read_rankings
+    from ui.owner.jobs import run_to_end, submit_reward_training
+    from ui.owner.project import load_project
+
+    set_settings(tiny_project, "queue", answers_per_task=4)
+    set_settings(tiny_project, "reward_model", rankings="plackett_luce", batch_size=4, epochs=1)
+    add_pairs(tiny_project, prompts=12, answers_per_task=4, texts=lambda prompt, k: f"reply {prompt} " + "word " * (k + 1))
+    add_pairs(tiny_project, prompts=4)  # plain pairs beside the tasks
+    project = load_project(tiny_project)
+
+    def rank(tasks: int) -> None:
+        project.run(lambda con: cast_votes(lambda fn, *args: fn(con, *args), project.config.queue, concise, 0.0, ["sim"], tasks,
+                                           random.Random(tasks)))
+
+    rank(6)
+    first = run_to_end(project, submit_reward_training(project, project.run), "first")
+    job_dir = tiny_project / "jobs" / str(first.id)
+    pairs, rankings = read_preferences(job_dir / "inputs" / "preferences.parquet"), read_rankings(job_dir / "inputs" / "rankings.parquet")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        task_pairs = {row[0] for row in con.execute("SELECT id FROM pairs WHERE task IS NOT NULL OR answers IS NOT NULL").fetchall()}
+        stored = con.execute("SELECT count(*) FROM rankings").fetchone()[0]
+        voted_plain = con.execute("SELECT count(DISTINCT pair_id) FROM comparisons WHERE pair_id NOT IN (SELECT unnest(?))",
+                                  [sorted(task_pairs)]).fetchone()[0]
+        metrics = json.loads(con.execute("SELECT metrics FROM reward_models WHERE version = 1").fetchone()[0])
+    assert len(rankings) == stored and not any(row.pair_id in task_pairs for row in pairs) and len(pairs) == voted_plain
+    assert [len(r.texts) for r in rankings] == [4] * stored and all(r.ranks == [1, 2, 3, 4] for r in rankings)
+    train, held = split_by_prompt(pairs + rankings, RewardModelConfig().eval_share)
+    held_rankings = sum(isinstance(row, RankingRow) for row in held)
+    assert metrics["rankings_train"] == stored - held_rankings > 0  # each ranking one item
+    assert (metrics["pairs_train"], metrics["pairs_eval"]) == (len(train) - metrics["rankings_train"], 6 * held_rankings + len(held) - held_rankings)
+
+    rank(3)
+    second = run_to_end(project, submit_reward_training(project, project.run), "second")
+    warm = read_job(tiny_project / "jobs" / str(second.id))["config"]["warm_start"]
+    latest = read_rankings(tiny_project / "jobs" / str(second.id) / "inputs" / "rankings.parquet")
+    assert warm["version"] == 1 and sorted(warm["new_ranking_ids"]) == sorted({r.ranking_id for r in latest} - {r.ranking_id for r in rankings})
+    assert len(warm["new_ranking_ids"]) > 0

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from annotate.export import preference_rows
+from annotate.export import preference_rows, ranking_rows
 from annotate.pairs import add_completions_with_pairs
 from annotate.ratings import wilson_interval
 from store import Connection, StoreError, transaction
@@ -43,7 +43,7 @@ from store.reward_models import (
 )
 from train.config import RewardModelConfig
 from train.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
-from train.snapshot import PreferenceRow, preference_table
+from train.snapshot import PreferenceRow, preference_table, ranking_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
 
@@ -141,24 +141,29 @@ def submit_reward_training(
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes)
-    if not rows:
+    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes, reward.rankings)
+    rankings = (read or run)(ranking_rows) if reward.rankings == "plackett_luce" else []
+    if not rows and not rankings:
         ai = "; the AI judge's votes count only with [reward_model] ai_votes = \"include\" or \"weight\"" if reward.ai_votes == "off" else ""
         raise JobError(f"no resolved comparisons to train on yet: collect votes first, or use --include-imported{ai}")
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
-        "warm_start": _warm_start(project, run, reward, [r.pair_id for r in rows]) if reward.warm_start else None,
+        "warm_start": _warm_start(project, run, reward, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
+        if reward.warm_start else None,
     }
-    return _submit(project, run, "reward_model", config, {"preferences": preference_table(rows)}, round_id)
+    inputs = {"preferences": preference_table(rows)} | ({"rankings": ranking_table(rankings)} if rankings else {})
+    return _submit(project, run, "reward_model", config, inputs, round_id)
 
 
 # A version can be continued only by an adapter of its own shape on its own base model.
 ADAPTER_SETTINGS = ("heads", "lora_r", "lora_alpha", "lora_dropout", "target_modules")
 
 
-def _warm_start(project: Project, run: Run, reward: RewardModelConfig, pair_ids: list[int]) -> dict[str, Any] | None:
-    """What a warm start continues from: the newest version, its adapter and the pairs it has not seen.
+def _warm_start(
+    project: Project, run: Run, reward: RewardModelConfig, pair_ids: list[int], ranking_ids: list[int]
+) -> dict[str, Any] | None:
+    """What a warm start continues from: the newest version, its adapter and the pairs and rankings it has not seen.
 
     None, for training from scratch, when there is no version yet or the newest was trained on
     another base model or adapter shape than the settings now ask for.
@@ -172,21 +177,30 @@ def _warm_start(project: Project, run: Run, reward: RewardModelConfig, pair_ids:
     )
     if not same_shape:
         return None
-    path = project.root / snapshot
-    try:
-        seen = set(pq.read_table(path, columns=["pair_id"]).column("pair_id").to_pylist())
-    except (OSError, pa.ArrowException) as e:
-        raise JobError(
-            f"cannot read {path}, the snapshot reward model v{previous.version} trained on ({' '.join(str(e).split())}): "
-            "set warm_start = false in [reward_model] of tether.toml to train from scratch"
-        ) from None
+    seen = _ids_in(project.root / snapshot, "pair_id", previous.version)
+    # Frozen beside it when that version fitted rankings whole; looked up by its job, as snapshots are shared by content.
+    rankings = input_path(job_dir(project, previous.metrics["job"]), "rankings") if "job" in previous.metrics else None
+    seen_rankings = _ids_in(rankings, "ranking_id", previous.version) if rankings and rankings.exists() else set()
     new_pair_ids = [pair_id for pair_id in pair_ids if pair_id not in seen]
-    if not new_pair_ids:
+    new_ranking_ids = [ranking_id for ranking_id in ranking_ids if ranking_id not in seen_rankings]
+    if not new_pair_ids and not new_ranking_ids:
         raise JobError(
             f"no new resolved comparisons since reward model v{previous.version}: collect votes first, "
             "or set warm_start = false in [reward_model] of tether.toml to train again from scratch"
         )
-    return {"version": previous.version, "adapter_path": str(project.root / previous.adapter_path), "new_pair_ids": new_pair_ids}
+    return {"version": previous.version, "adapter_path": str(project.root / previous.adapter_path), "new_pair_ids": new_pair_ids,
+            "new_ranking_ids": new_ranking_ids}
+
+
+def _ids_in(path: Path, column: str, version: int) -> set[int]:
+    """The ids in a column of what reward model `version` trained on."""
+    try:
+        return set(pq.read_table(path, columns=[column]).column(column).to_pylist())
+    except (OSError, pa.ArrowException) as e:
+        raise JobError(
+            f"cannot read {path}, the snapshot reward model v{version} trained on ({' '.join(str(e).split())}): "
+            "set warm_start = false in [reward_model] of tether.toml to train from scratch"
+        ) from None
 
 
 def _newest_training(con: Connection) -> tuple[RewardModel, str, dict[str, Any] | None] | None:
