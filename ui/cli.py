@@ -736,6 +736,8 @@ def status(project_dir: Path):
         ("completions", str(counts.completions)),
         ("pairs", f"{counts.pairs} ({counts.pairs_wanting_votes} wanting votes)"),
         ("votes", str(counts.votes)),
+        *([("rankings", f"{counts.rankings}, of {counts.tasks} tasks to rank; each counts in votes as a vote on each of its pairs")]
+          if counts.tasks else []),
         ("AI votes", _ai_votes(counts.ai_votes, project.run(agreement_with_people))),
         ("policies", _versions(counts.policy_versions)),
         ("reward models", _versions(counts.reward_model_versions)),

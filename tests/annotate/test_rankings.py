@@ -10,7 +10,7 @@ from store import open_database
 from store.queue import QueueError
 from store.rankings import LETTERS, parse_ranking
 from store.stats import annotator_stats, pair_states
-from tests.conftest import act, add_pairs, serve
+from tests.conftest import act, add_pairs, run_tether, serve
 
 NOW = datetime(2026, 11, 21, 12, 0, 0)
 K = 4
@@ -161,6 +161,8 @@ def test_simulated_annotators_rank_tasks_through_the_queue(tiny_project):
     for ids, ranks, source in ranked:
         assert [len(texts[i]) for i in ids] == sorted(len(texts[i]) for i in ids)  # the concise judge: shortest first
         assert ranks == [1, 2, 3, 4] and source == "simulate"
+    status = run_tether("status", "--project", str(tiny_project), check=True).stdout
+    assert "\nvotes         18\n" in status and "\nrankings      3, of 3 tasks to rank;" in status
 
 
 def test_a_task_pair_is_never_gold(con):

@@ -129,7 +129,7 @@ def progress(name: str, votes: int, left: int) -> str:
     def count(n: int, noun: str) -> str:
         return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
-    return f"{name}: {count(votes, 'vote')} today · {count(left, 'pair')} left"
+    return f"{name}: {count(votes, 'vote')} today · {left} left to answer"
 
 
 def shown_pair(page: Page, texts: Texts) -> tuple[str, str]:

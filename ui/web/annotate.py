@@ -202,7 +202,7 @@ def shown(server: Server, user: User, action: Action) -> tuple:
 
 
 def _view(user: User, assignment: Assignment | None, votes: int, left: int, message: str) -> tuple:
-    progress = f"{html.escape(user.name)}: {count(votes, 'vote')} today · {count(left, 'pair')} left"
+    progress = f"{html.escape(user.name)}: {count(votes, 'vote')} today · {left} left to answer"  # pairs and tasks to rank
     message = html.escape(message)
     if assignment is None:
         done = "<p>No pairs are waiting for you. Thank you! Check back later.</p>"
