@@ -7,9 +7,10 @@ its six pairs). The baseline, K = 2, runs in the same invocation. Simulated anno
 votes side with the judge --agreement of the time on these answers' pairs, answer through the
 queue as people do (a ranking: Plackett-Luce with the judge's score / T as utilities, so each two
 answers are ordered as a vote on them would be) until each budget of annotator minutes is spent;
-a reward model is then trained on the arm's votes (a ranking counts as its pairs) and scored on
---eval-answers fresh answers to each held-out prompt: the Pearson correlation of its scores with
-the noiseless judge's within each prompt (ui.owner.simulate.reward_model_follows_judge).
+a reward model is then trained on the arm's votes (a ranking as its pairs; with 'pl' after K, as
+one Plackett-Luce item) and scored on --eval-answers fresh answers to each held-out prompt: the
+Pearson correlation of its scores with the noiseless judge's within each prompt
+(ui.owner.simulate.reward_model_follows_judge).
 
 Annotator time is counted, not measured: a person needs, for a pair or a task of K answers,
 
@@ -92,7 +93,9 @@ def main() -> None:
     parser.add_argument("--eval-count", type=int, default=12, help="Held-out prompts the reward model is scored on (default 12).")
     parser.add_argument("--eval-answers", type=int, default=8, help="Answers to each held-out prompt (default 8).")
     parser.add_argument("--answers", type=int, default=8, help="Answers to each training prompt, shared by the arms (default 8).")
-    parser.add_argument("--k", default="2,4", help="Comma-separated answers_per_task of the arms; the first is the baseline (default 2,4).")
+    parser.add_argument("--k", default="2,4,4pl", help="Comma-separated arms: each a [queue] answers_per_task, and with 'pl' after it "
+                        "rankings fitted whole ([reward_model] rankings = plackett_luce) rather than as pairs; the first is the "
+                        "baseline (default 2,4,4pl).")
     parser.add_argument("--minutes", default="10,20,40", help="Comma-separated annotator-minute budgets, rising (default 10,20,40).")
     parser.add_argument("--judge", default="concise", help="Built-in judge, module:FUNC or PATH.py:FUNC (default concise).")
     parser.add_argument("--agreement", type=float, default=0.7, help="Share of votes siding with the judge (default 0.7).")
@@ -105,7 +108,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="Where the projects go (default: a new temporary directory).")
     args = parser.parse_args()
 
-    arms, budgets = [int(k) for k in args.k.split(",")], sorted(float(m) for m in args.minutes.split(","))
+    arms, budgets = [k.strip() for k in args.k.split(",")], sorted(float(m) for m in args.minutes.split(","))
+    if bad := [k for k in arms if not k.removesuffix("pl").isdigit() or not 2 <= int(k.removesuffix("pl")) <= 6]:
+        parser.error(f"--k {bad[0]!r}: each arm is a number of answers from 2 to 6, with 'pl' after it for Plackett-Luce")
     reading = Reading(args.read_seconds, args.wpm, args.decide_seconds)
     judge = load_judge(args.judge)
     prompts = read_prompt_file(args.prompts)
@@ -133,11 +138,13 @@ def main() -> None:
     ]
 
     results = []
-    for k in arms:
-        root = workdir / f"k{k}"
+    for arm in arms:
+        k, rankings = int(arm.removesuffix("pl")), "plackett_luce" if arm.endswith("pl") else "pairs"
+        root = workdir / f"k{arm}"
         shutil.copytree(workdir / "base", root)
         config = load_config(root / "tether.toml")
-        write_config(root / "tether.toml", dataclasses.replace(config, queue=dataclasses.replace(config.queue, answers_per_task=k)))
+        write_config(root / "tether.toml", dataclasses.replace(config, queue=dataclasses.replace(config.queue, answers_per_task=k),
+                                                               reward_model=dataclasses.replace(config.reward_model, rankings=rankings)))
         project = load_project(root)
         project.run(add_completions_with_pairs, completions, project.config.queue)
         rng, names = random.Random(args.seed), [f"simulated-{i}" for i in range(1, args.annotators + 1)]
@@ -145,11 +152,12 @@ def main() -> None:
             spend(project, minutes, reading, judge, noise, names, rng)
             spent, answered = annotator_minutes(project, reading)
             began = time.monotonic()
-            run_to_end(project, submit_reward_training(project, project.run), f"K={k}, {minutes:g} minutes")
+            run_to_end(project, submit_reward_training(project, project.run), f"K={arm}, {minutes:g} minutes")
             reward_model = project.run(get_reward_model, None)
             follows = reward_model_follows_judge(project, reward_model.version, judge, eval_prompts, eval_answers)
-            results.append({"k": k, "budget": minutes, "minutes": spent, "answered": answered,
+            results.append({"k": arm, "budget": minutes, "minutes": spent, "answered": answered,
                             "pairs": reward_model.metrics["pairs_train"] + reward_model.metrics["pairs_eval"],
+                            "rankings": reward_model.metrics["rankings_train"],
                             "eval_accuracy": reward_model.metrics["eval_accuracy"], "follows": follows,
                             "train_seconds": time.monotonic() - began})
             print(json.dumps(results[-1]), flush=True)
@@ -158,7 +166,8 @@ def main() -> None:
     print(f"judge {args.judge}, agreement {args.agreement} (noise T = {noise:.3g}), {args.annotators} annotators, "
           f"{args.answers} answers to each of {len(train_prompts)} training prompts, model {args.model}")
     print(f"seconds = K * {reading.read:g} + words / {reading.wpm:g} * 60 + (K - 1) * {reading.decide:g}")
-    print("  K  budget min  spent min  answered  pairs  RM held-out acc  RM~judge  RM~judge per minute  vs K=" + str(arms[0]))
+    print("K is the answers to a task, 'pl' fitted Plackett-Luce; pairs: trained as pairs and held-out pairs; rankings: trained whole")
+    print("   K  budget min  spent min  answered  pairs  rankings  RM held-out acc  RM~judge  RM~judge per minute  vs K=" + arms[0])
     baseline = {r["budget"]: r for r in results if r["k"] == arms[0]}
     for r in results:
         follows = "n/a" if r["follows"] is None else f"{r['follows']:.3f}"
@@ -166,7 +175,7 @@ def main() -> None:
         base_follows = baseline[r["budget"]]["follows"]
         ratio = "n/a" if r["follows"] is None or not base_follows else f"{r['follows'] / base_follows:.2f}"
         accuracy = "n/a" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.1%}"
-        print(f"{r['k']:>3}  {r['budget']:>10g}  {r['minutes']:>9.1f}  {r['answered']:>8}  {r['pairs']:>5}  {accuracy:>15}  "
+        print(f"{r['k']:>4}  {r['budget']:>10g}  {r['minutes']:>9.1f}  {r['answered']:>8}  {r['pairs']:>5}  {r['rankings']:>8}  {accuracy:>15}  "
               f"{follows:>8}  {per_minute:>19}  {ratio:>6}")
 
 
