@@ -70,8 +70,8 @@ class ModelConfig:
                           "checkpoints its activations ([reward_model] gradient_checkpointing = 'auto'), and the reference of "
                           "PPO, DPO and GRPO is the same quantised base with the adapters off, so it costs no second copy. "
                           "Where bitsandbytes cannot run, every command that would queue a model job stops first. On an H100 a 3B base's reward "
-                          "model peaked at 0.15x bf16's memory, its PPO at 0.97x: PPO does not checkpoint, and "
-                          "the k-bit recipe's float32 norms keep its activations in float32 (scripts/BENCHMARKS.md)."},
+                          "model peaked at 0.15x bf16's memory, and its PPO, before PPO checkpointed on a quantised base "
+                          "([ppo] gradient_checkpointing), at 0.97x (scripts/BENCHMARKS.md)."},
     )
 
     def __post_init__(self):
@@ -325,6 +325,15 @@ class PPOConfig:
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
     length_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the score per response token; 0 turns it off."})
+    gradient_checkpointing: bool | str = field(
+        default="auto",
+        metadata={"help": "Recompute each layer's activations in the update's backward pass, for less memory and more "
+                          "time (the sampling is untouched). true, false, or 'auto': on with a 4-bit or 8-bit base ([model] "
+                          "quantization), as for the reward model. On an H100, PPO on a 4-bit 3B base without it peaked at "
+                          "0.97 times bf16's memory: PEFT's k-bit recipe keeps the norms in float32, so the activations "
+                          "are float32 and cancel what the 4-bit weights save (scripts/BENCHMARKS.md). The update is the "
+                          "same with it, bit for bit in float32 (tests/train/test_ppo.py)."},
+    )
     precision: str = field(
         default="auto",
         metadata={"help": "bf16: bfloat16 autocast for the forward and backward passes that score responses and update "
@@ -340,6 +349,8 @@ class PPOConfig:
     def __post_init__(self):
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+        if self.gradient_checkpointing not in (True, False, "auto"):
+            raise ValueError(f"gradient_checkpointing must be true, false or 'auto', got {self.gradient_checkpointing!r}")
         for name in ("steps", "batch_size", "minibatch_size", "epochs", "lora_r", "lora_alpha", "kl_horizon"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -353,6 +364,10 @@ class PPOConfig:
             raise ValueError("learning_rate must be more than 0, and kl_coef and target_kl at least 0")
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"gamma must be in (0, 1] and lam in [0, 1], got {self.gamma} and {self.lam}")
+
+    def checkpointing(self, quantized: bool) -> bool:
+        """Whether the update recomputes activations, with 'auto' settled for a base quantised or not."""
+        return quantized if self.gradient_checkpointing == "auto" else self.gradient_checkpointing
 
 
 @dataclass

@@ -196,7 +196,12 @@ class Estimator:
         # The policy and value adapters train; the reward model's adapter rides along frozen.
         adapters = (self.lora_parameters(ppo.lora_r) + self.lora_parameters(rm.lora_r)) * ADAMW_BYTES
         adapters += self.lora_parameters(rm.lora_r) * FLOAT32
-        update = self.layer_activations(ppo.minibatch_size * length, length, 0.0) + self.logits(ppo.minibatch_size, response + 1)
+        checkpointing = ppo.checkpointing(self.quantization != "none")
+        kept = self.layer_activations(ppo.minibatch_size * length, length, 0.0, checkpointing)
+        if checkpointing and self.keeps_freed_blocks:
+            full = self.layer_activations(ppo.minibatch_size * length, length, 0.0)
+            kept = max(kept, full * CHECKPOINTED_KEPT / GLIBC_KEPT)  # job() multiplies by GLIBC_KEPT
+        update = kept + self.logits(ppo.minibatch_size, response + 1)
         rollout = self.kv_cache(ppo.batch_size, length) + self.logits(ppo.batch_size, response + 1) / LOGIT_COPIES
         return self.job("PPO", self.weights(training=True), adapters, max(update, rollout))
 
@@ -228,7 +233,7 @@ class Estimator:
 # What lowers each job's peak, for a round that would not fit.
 LOWER = {
     "reward model": "turn on [reward_model] gradient_checkpointing, or lower its batch_size and raise gradient_accumulation",
-    "PPO": "lower [ppo] minibatch_size",
+    "PPO": "turn on [ppo] gradient_checkpointing, or lower [ppo] minibatch_size",
     "DPO": "lower [dpo] batch_size",
     "GRPO": "raise [grpo] minibatches",
     "completions": "lower [generation] batch_size",
@@ -298,6 +303,9 @@ def _lower(config, job: str) -> str | None:
     if job == "reward model" and rm.batch_size % 2 == 0:
         config.reward_model = replace(rm, batch_size=rm.batch_size // 2, gradient_accumulation=2 * rm.gradient_accumulation)
         return f"[reward_model] batch_size = {rm.batch_size // 2} with gradient_accumulation = {2 * rm.gradient_accumulation}"
+    if job == "PPO" and not ppo.checkpointing(config.model.quantization != "none"):
+        config.ppo = replace(ppo, gradient_checkpointing=True)
+        return "[ppo] gradient_checkpointing = true"
     if job == "PPO" and ppo.minibatch_size % 2 == 0:
         config.ppo = replace(ppo, minibatch_size=ppo.minibatch_size // 2)
         return f"[ppo] minibatch_size = {ppo.minibatch_size // 2}"

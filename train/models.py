@@ -153,6 +153,26 @@ def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = 
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
 
 
+def checkpoint_in_eval_mode(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass, while the model stays in eval mode.
+
+    Transformers checkpoints a layer only in training mode (GradientCheckpointingLayer), and PPO keeps
+    its model in eval mode so that no dropout moves the log-probabilities it compares. A decoder
+    layer's own forward reads no training flag (Llama, Qwen2 and 3, Mistral, Gemma 1 to 3, Phi-3,
+    SmolLM3, Granite and OLMo 2 in transformers 5): its dropouts are modules of their own. So marking
+    the layers alone as training turns checkpointing on and nothing else. A pass without gradients
+    (sampling, a rollout) runs as before. Call it after the last eval(), which clears the mark.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if not model.is_gradient_checkpointing:  # PEFT's k-bit recipe turns it on for a quantised base
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.enable_input_require_grads()  # reentrant checkpointing needs an input that carries gradients
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True
+
+
 def trainable_in_float32(model: torch.nn.Module) -> None:
     """Trainable parameters (adapters, heads) back to float32 where a TRL trainer cast them to bfloat16.
 

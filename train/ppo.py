@@ -51,7 +51,7 @@ from train.errors import ModelError
 from train.files import built_beside
 from train.generate import end_of_turn_ids
 from train.hardware import uses_bf16
-from train.models import prepare_for_training
+from train.models import checkpoint_in_eval_mode, prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
 
 Messages = list[dict[str, str]]
@@ -129,7 +129,8 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
         # On a CPU, SDPA's attention backward costs about five times its forward; at PPO's
         # lengths (a prompt and a short response) eager attention is the faster of the two.
         model.set_attn_implementation("eager")
-    model = prepare_for_training(model)
+    checkpointing = config.checkpointing(getattr(model, "is_quantized", False))
+    model = prepare_for_training(model, checkpointing)
     reward_config = replace(reward.lora, lora_dropout=0.0, inference_mode=False)  # the value adapter trains from it
     if policy_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
@@ -151,7 +152,10 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
     # The base is on its device already; moving the whole would fail on a quantised one.
-    return PolicyWithHeads(peft_model, value_head, reward_head).eval()
+    policy = PolicyWithHeads(peft_model, value_head, reward_head).eval()
+    if checkpointing:
+        checkpoint_in_eval_mode(model)
+    return policy
 
 
 def frozen_head(reward: RewardAdapter, device: torch.device) -> nn.Linear:
@@ -260,12 +264,20 @@ def entropy_of(logits: torch.Tensor) -> torch.Tensor:
 
 
 def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
-    """V (B, R) of the state before each response token, from the value adapter and head."""
-    model.peft_model.set_adapter("value")
+    """V (B, R) of the state before each response token, from the value head on the active adapter: call it under
+    `adapter(model, "value")`."""
+    hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
+    width = response_ids.shape[1]
+    return model.value_head(hidden[:, -width - 1 : -1].float()).squeeze(-1).float()
+
+
+@contextmanager
+def adapter(model: PolicyWithHeads, name: str) -> Iterator[None]:
+    """Adapter `name` active inside, the policy's again after. A backward pass that recomputes checkpointed layers
+    recomputes them under the active adapter, so a loss must go backwards where its forward pass ran."""
+    model.peft_model.set_adapter(name)
     try:
-        hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
-        width = response_ids.shape[1]
-        return model.value_head(hidden[:, -width - 1 : -1].float()).squeeze(-1).float()
+        yield
     finally:
         model.peft_model.set_adapter("policy")
 
@@ -320,12 +332,10 @@ def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Message
             ref_logprobs = response_logprobs(model, *args, config.temperature)
         start_logprobs = ref_logprobs
         if "start" in model.peft_model.peft_config:
-            model.peft_model.set_adapter("start")
-            try:
+            with adapter(model, "start"):
                 start_logprobs = response_logprobs(model, *args, config.temperature)
-            finally:
-                model.peft_model.set_adapter("policy")
-        values = response_values(model, *args)
+        with adapter(model, "value"):
+            values = response_values(model, *args)
     texts = response_texts(scorer.tokenizer, response_ids, response_mask, finished)
     scores, uncertainty = reward_scores(model, scorer, prompts, texts)  # float32, as the normalisation offsets were computed
     scores = scores - config.uncertainty_penalty * uncertainty - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
@@ -381,8 +391,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfig, generator: torch.Generator) -> dict[str, float]:
     """K epochs of clipped PPO over shuffled minibatches; the means of the update's statistics.
 
-    The policy and value losses go backwards separately, each while its adapter is active
-    (PEFT trains only the active adapter); their gradients sum before the step.
+    The policy and value losses go backwards separately, each while its adapter is active (PEFT
+    trains only the active adapter, and checkpointed layers are recomputed under it); their
+    gradients sum before the step.
     """
     stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": []}
     size = rollout.response_ids.shape[0]
@@ -404,12 +415,13 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
             policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip_range, 1 + config.clip_range)), mask)
             policy_loss.backward()
 
-            with mixed_precision(model, config):
-                values = response_values(model, *args)
-            old_values, returns = rollout.values[index], rollout.returns[index]
-            clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
-            value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
-            (config.vf_coef * value_loss).backward()
+            with adapter(model, "value"):
+                with mixed_precision(model, config):
+                    values = response_values(model, *args)
+                old_values, returns = rollout.values[index], rollout.returns[index]
+                clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
+                value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
+                (config.vf_coef * value_loss).backward()
 
             distributed.average_gradients(trainable)
             nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)

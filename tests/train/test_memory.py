@@ -149,6 +149,7 @@ def test_init_lowers_the_settings_of_the_largest_job_until_a_round_fits_the_gpu(
                          num_key_value_heads=8, vocab_size=128256)
     project = init_project(tmp_path / "p24", str(large), Hardware("cuda", "GPU", 24))
     assert project.config.ppo.minibatch_size == 1 and "[ppo] minibatch_size = 1" in project.profile
+    assert project.config.ppo.gradient_checkpointing is True and "[ppo] gradient_checkpointing = true" in project.profile
     jobs, _, _ = round_memory(project.config, "ppo", [], on_gpu=True)
     assert max(job.peak for job in jobs) > 24 * 2**30  # still too much: status says so, and what to lower next
 
