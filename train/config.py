@@ -150,7 +150,11 @@ class RewardModelConfig:
         metadata={"help": "Passes over the pairs a run fits: every training pair from scratch, the new and replayed "
                           "ones when warm-started."},
     )
-    batch_size: int = field(default=8, metadata={"help": "Preference pairs per forward pass (each pair is two sequences)."})
+    batch_size: int = field(
+        default=8,
+        metadata={"help": "Preference pairs per forward pass (each pair is two sequences; a ranking of K answers fitted whole, "
+                          "rankings = 'plackett_luce', is one row of K)."},
+    )
     gradient_accumulation: int = field(default=1, metadata={"help": "Batches whose gradients are summed before each optimiser step."})
     max_length: int = field(
         default=256,
