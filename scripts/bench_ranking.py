@@ -74,13 +74,16 @@ def annotator_minutes(project, reading: Reading) -> tuple[float, int]:
 
 
 def spend(project, minutes: float, reading: Reading, judge, noise: float, annotators: list[str], rng: random.Random) -> None:
-    """Answer through the queue until the arm's annotators have spent `minutes`, or nothing is left to answer."""
+    """Answer through the queue until the arm's annotators have spent `minutes`, or nothing is left to answer.
+
+    Each call answers half of what the time left would hold at the mean time so far, so an early run of short
+    answers does not carry the arm far past its budget: it ends at most one answer over."""
     while True:
         spent, answered = annotator_minutes(project, reading)
         if spent >= minutes:
             return
         each = spent / answered if answered else None
-        labels = max(1, int((minutes - spent) / each)) if each else 1
+        labels = max(1, int((minutes - spent) / each / 2)) if each else 1
         if cast_votes(project.run, project.config.queue, judge, noise, annotators, labels, rng).cast == 0:
             print(f"  the queue ran dry at {spent:.1f} annotator minutes", flush=True)
             return
