@@ -150,7 +150,9 @@ def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = 
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+    # Reentrant, as the reward model's TRL arguments ask (train.reward): PEFT's default passes no choice to torch.
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                           gradient_checkpointing_kwargs={"use_reentrant": True})
 
 
 def checkpoint_in_eval_mode(model: PreTrainedModel) -> None:
