@@ -231,8 +231,8 @@ def plackett_luce_loss(scores: torch.Tensor, ranks: torch.Tensor, present: torch
     """
     below = ranks[..., None, :] >= ranks[..., :, None]  # (..., K, K): answer j is picked from among i's set
     if present is not None:
-        # Padding is in no set but its own, with score 0: its term is 0 - 0, and nothing is -inf, whose
-        # gradient would be NaN even where the term is masked.
+        # Padding is in no set but its own, with score 0: its term is 0 - 0, and no set is empty, whose
+        # logsumexp of -inf alone would give NaN gradients even where its term were masked.
         pair_present = present[..., None, :] & present[..., :, None]
         below = (below & pair_present) | torch.eye(ranks.shape[-1], dtype=torch.bool, device=ranks.device)
         scores = scores.masked_fill(~present, 0.0)
