@@ -158,6 +158,14 @@ class Estimator:
             return tokens * (shape.layers * shape.hidden * self.width + per_layer)
         return tokens * shape.layers * per_layer
 
+    def kept_activations(self, tokens: int, length: int, dropout: float, checkpointing: bool) -> float:
+        """layer_activations, with what glibc keeps of a checkpointed backward's recomputes on the CPU."""
+        kept = self.layer_activations(tokens, length, dropout, checkpointing)
+        if checkpointing and self.keeps_freed_blocks:
+            full = self.layer_activations(tokens, length, dropout)
+            kept = max(kept, full * CHECKPOINTED_KEPT / GLIBC_KEPT)  # job() multiplies by GLIBC_KEPT
+        return kept
+
     def kv_cache(self, sequences: int, length: int) -> float:
         return sequences * length * self.shape.layers * 2 * self.shape.kv_width * self.width
 
@@ -182,11 +190,7 @@ class Estimator:
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
         sequences = 2 * rm.batch_size  # each pair's two responses
         adapters = self.lora_parameters(rm.lora_r) * ADAMW_BYTES
-        checkpointing = rm.checkpointing(self.config.model)
-        activations = self.layer_activations(sequences * length, length, rm.lora_dropout, checkpointing)
-        if checkpointing and self.keeps_freed_blocks:
-            full = self.layer_activations(sequences * length, length, rm.lora_dropout)
-            activations = max(activations, full * CHECKPOINTED_KEPT / GLIBC_KEPT)  # job() multiplies by GLIBC_KEPT
+        activations = self.kept_activations(sequences * length, length, rm.lora_dropout, rm.checkpointing(self.config.model))
         return self.job("reward model", self.weights(training=True), adapters, activations)
 
     def ppo(self) -> JobMemory:
@@ -196,11 +200,7 @@ class Estimator:
         # The policy and value adapters train; the reward model's adapter rides along frozen.
         adapters = (self.lora_parameters(ppo.lora_r) + self.lora_parameters(rm.lora_r)) * ADAMW_BYTES
         adapters += self.lora_parameters(rm.lora_r) * FLOAT32
-        checkpointing = ppo.checkpointing(self.quantization != "none")
-        kept = self.layer_activations(ppo.minibatch_size * length, length, 0.0, checkpointing)
-        if checkpointing and self.keeps_freed_blocks:
-            full = self.layer_activations(ppo.minibatch_size * length, length, 0.0)
-            kept = max(kept, full * CHECKPOINTED_KEPT / GLIBC_KEPT)  # job() multiplies by GLIBC_KEPT
+        kept = self.kept_activations(ppo.minibatch_size * length, length, 0.0, ppo.checkpointing(self.quantization != "none"))
         update = kept + self.logits(ppo.minibatch_size, response + 1)
         rollout = self.kv_cache(ppo.batch_size, length) + self.logits(ppo.batch_size, response + 1) / LOGIT_COPIES
         return self.job("PPO", self.weights(training=True), adapters, max(update, rollout))

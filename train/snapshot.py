@@ -1,7 +1,8 @@
 """A preference snapshot: the resolved comparisons a reward-model or DPO job trains on, frozen as Parquet.
 
 The owner resolves each voted pair to a PreferenceRow and writes the snapshot into the job
-directory (and, for a reward model fitted Plackett-Luce, each ranking as a RankingRow beside it); the worker reads it back in the same shape, and the export writes the same rows with
+directory (and, for a reward model fitted Plackett-Luce, each ranking as a RankingRow beside it);
+the worker reads it back in the same shape, and the export writes the same rows with
 their votes. Token ids are not stored: completions keep only their text, and each reader
 tokenises with the template it trains on.
 
@@ -54,7 +55,6 @@ SCHEMA = pa.schema([  # PreferenceRow's fields, in order
     ("rejected_policy", pa.int64()),
     ("confidence", pa.float64()),
 ])
-
 
 
 @dataclass(frozen=True)
