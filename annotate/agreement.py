@@ -4,10 +4,12 @@ A choice is 'a', 'b', 'tie' or 'both_bad'. Nothing here depends on which choices
 category no one picked adds nothing to any of the sums, so any labels work.
 """
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
 from annotate.ratings import wilson_interval
+from annotate.trust import PRIOR_MEAN
 from store import Connection
 from store.ai_votes import judged_pairs
 
@@ -112,3 +114,48 @@ def judge_agreement(judged: list[tuple[str, str, list[str]]]) -> dict[str, Judge
 def agreement_with_people(con: Connection) -> dict[str, JudgeAgreement]:
     """Each AI judge's agreement with people, on the pairs both voted on, from the database."""
     return judge_agreement(judged_pairs(con))
+
+
+# Until the overlapped pairs say otherwise, votes are taken to side with the better answer as often as
+# annotate.trust starts everyone at (PRIOR_MEAN), the weight of FLIP_PRIOR_PAIRS pairs voted on twice.
+FLIP_PRIOR_PAIRS = 4.0
+MAX_FLIP_RATE = 0.45  # a flip rate of 0.5 would make every vote a coin flip, and teach nothing
+
+
+@dataclass(frozen=True)
+class FlipRate:
+    """How often a vote picks the worse answer, from how often two people's votes on one pair agree."""
+
+    rate: float
+    agreement: float | None  # the share of agreeing pairs of votes on the overlapped pairs; None without any
+    pairs: int  # overlapped pairs, two or more votes for 'a' or 'b', that it rests on
+
+    def __str__(self) -> str:
+        if not self.pairs:
+            return f"{self.rate:.2f} (assumed: no pair has two votes yet)"
+        return f"{self.rate:.2f} (from {self.agreement:.1%} agreement on {self.pairs} pairs voted on by two or more)"
+
+
+def flip_rate(items: list[list[str]]) -> FlipRate:
+    """The flip rate e of votes, from the choices on each pair: two annotators who each pick the better answer with
+    probability q = 1 - e agree with probability A = q^2 + (1 - q)^2, so q = (1 + sqrt(2A - 1)) / 2.
+
+    A is the mean share of agreeing pairs of votes over the pairs with two or more votes for 'a' or 'b' (ties and
+    both-bad say nothing about which is better), drawn towards annotate.trust's prior by FLIP_PRIOR_PAIRS pairs.
+    """
+    rated = [[c for c in choices if c in ("a", "b")] for choices in items]
+    rated = [choices for choices in rated if len(choices) >= 2]
+    prior = PRIOR_MEAN**2 + (1 - PRIOR_MEAN) ** 2
+    measured = sum(_pair_agreement(choices) for choices in rated)
+    agreement = (measured + FLIP_PRIOR_PAIRS * prior) / (len(rated) + FLIP_PRIOR_PAIRS)
+    q = (1 + math.sqrt(max(0.0, 2 * agreement - 1))) / 2
+    return FlipRate(min(1 - q, MAX_FLIP_RATE), measured / len(rated) if rated else None, len(rated))
+
+
+def majority_confidence(agreeing: int, disagreeing: int, flip: float) -> float:
+    """The probability that the majority of a pair's votes is right: `agreeing` votes for it and `disagreeing` against,
+    each wrong with probability `flip`, from an even prior. 1 when flip is 0."""
+    if flip == 0:
+        return 1.0
+    lead = agreeing - disagreeing
+    return 1 / (1 + (flip / (1 - flip)) ** lead)

@@ -1,0 +1,341 @@
+"""A reward model's quality from N simulated votes: which design learns most from a few noisy votes.
+
+The default model answers each prompt 8 times (the CPU profile's sampling); the prompts (the demo
+prompts and MT-bench's) are split into training and held-out prompts. Both, and every answer's
+hidden states at every layer (mean over the response and at its closing EOS), are cached once in
+TETHER_CACHE. Then, for every built-in judge, N in --votes and --draws draws: N votes on pairs of
+answers to the training prompts, cast through simulate's noise at --agreement (the T at which votes
+on those pairs side with the judge that often; ties are coin flips), and each arm fits a reward
+model on them. Each arm is scored on the held-out prompts' answers against the noiseless judge:
+
+    RM~judge   the within-prompt Pearson correlation of its scores with the judge's (both less their
+               prompt's mean), over every held-out answer
+    accuracy   the share of held-out pairs the judge does not tie that it orders as the judge does
+
+each as the mean over draws and its spread (standard deviation), with the fit's seconds and the
+arm's peak resident memory (each arm runs in its own process, the cached features loaded).
+
+    python scripts/bench_rm_votes.py                       # every arm, about 20 minutes once cached
+    python scripts/bench_rm_votes.py --arms head,lora --votes 96,288 --judges direct
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEMO_PROMPTS = ROOT / "scripts" / "demo_prompts.jsonl"
+MTBENCH_PROMPTS = ROOT.parent / "shared" / "data" / "mtbench-prompts.jsonl"
+ANSWERS_PER_PROMPT = 8
+HELD_OUT_SHARE = 1 / 3
+
+
+@dataclass
+class Answers:
+    """The cached answers and their states: prompts[i]'s answers are texts[i * 8 : (i + 1) * 8]."""
+
+    prompts: list  # chat messages
+    held_out: list[bool]  # per prompt
+    texts: list[str]
+    states: object  # torch.Tensor (answers, 2, layers + 1, H): pooling ("mean", "last"), hidden-state layer
+
+
+def cache_file(model_path: str, generation, max_length: int, prompts: list) -> Path:
+    from train.models import cache_dir
+
+    key = json.dumps([model_path, asdict(generation), max_length, prompts, ANSWERS_PER_PROMPT], sort_keys=True)
+    return cache_dir() / "bench_rm_votes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
+def load_answers(seed: int) -> Answers:
+    """The prompts, their answers and the answers' states: from the cache, or sampled and read once (minutes)."""
+    import torch
+
+    from store.prompt_files import read_prompt_file
+    from train.config import Hardware, ModelConfig
+    from train.features import POOLINGS, pooled_states
+    from train.generate import generate
+    from train.models import load_model, resolve_model_path
+    from ui.owner.config import settings_for
+
+    config, _ = settings_for(Hardware("cpu", "bench", 0), ModelConfig())
+    prompts = [p.messages for path in (DEMO_PROMPTS, MTBENCH_PROMPTS) for p in read_prompt_file(path)]
+    generation = replace(config.generation, per_prompt=ANSWERS_PER_PROMPT, seed=seed)
+    max_length = config.reward_model.max_length
+    path = cache_file(resolve_model_path(config.model.name_or_path), generation, max_length, prompts)
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    held_out = [False] * len(prompts)
+    for i in order[: round(len(prompts) * HELD_OUT_SHARE)]:
+        held_out[i] = True
+    if path.exists():
+        cached = torch.load(path)
+        return Answers(prompts, held_out, cached["texts"], cached["states"])
+    print(f"sampling {ANSWERS_PER_PROMPT} answers to each of {len(prompts)} prompts, once, into {path}", file=sys.stderr)
+    model, tokenizer = load_model(config.model)
+    texts = [g.text for g in generate(model, tokenizer, prompts, generation)]
+    asked = [prompts[i // ANSWERS_PER_PROMPT] for i in range(len(texts))]
+    layers = tuple(range(model.config.num_hidden_layers + 1))
+    states = pooled_states(model, tokenizer, asked, texts, layers, POOLINGS, max_length, config.reward_model.batch_size * 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"texts": texts, "states": states}, partial)
+    partial.rename(path)
+    return Answers(prompts, held_out, texts, states)
+
+
+@dataclass(frozen=True)
+class Vote:
+    prompt: int
+    chosen: int  # answer index
+    rejected: int
+    confidence: float  # the probability its label is right, from the flip rate measured on the overlapped pairs
+
+
+def training_pairs(answers: Answers) -> list[tuple[int, int, int]]:
+    """(prompt, answer, answer) for every two answers to a training prompt."""
+    return [(p, p * ANSWERS_PER_PROMPT + a, p * ANSWERS_PER_PROMPT + b) for p, held in enumerate(answers.held_out) if not held
+            for a in range(ANSWERS_PER_PROMPT) for b in range(a + 1, ANSWERS_PER_PROMPT)]
+
+
+def draw_votes(pairs: list[tuple[int, int, int]], scores: list[float], noise: float, votes: int, rng: random.Random,
+               overlap_share: float, overlap_votes: int) -> tuple[list[Vote], float]:
+    """`votes` votes through simulate's noise, on random pairs of which overlap_share want overlap_votes votes (as
+    the queue serves them); each pair resolved by its majority, a split pair left out, each label's confidence from
+    the flip rate measured on the overlapped pairs as the project measures it. The votes and that flip rate."""
+    from annotate.agreement import flip_rate, majority_confidence
+    from annotate.judges import prefers_first
+
+    cast, order = [], iter(rng.sample(pairs, len(pairs)))
+    while len(cast) < votes:
+        prompt, a, b = next(order)
+        wanted = overlap_votes if rng.random() < overlap_share else 1
+        choices = ["a" if prefers_first(scores[a] - scores[b], noise, rng) else "b" for _ in range(min(wanted, votes - len(cast)))]
+        cast.append((prompt, a, b, choices))
+    flip = flip_rate([choices for *_, choices in cast])
+    resolved = []
+    for prompt, a, b, choices in cast:
+        for_a = choices.count("a")
+        if for_a * 2 != len(choices):
+            winner, loser = (a, b) if for_a * 2 > len(choices) else (b, a)
+            resolved.append(Vote(prompt, winner, loser, majority_confidence(max(for_a, len(choices) - for_a),
+                                                                         min(for_a, len(choices) - for_a), flip.rate)))
+    return resolved, flip.rate
+
+
+def within_prompt_correlation(rewards: list[float], judged: list[float], groups: list[int]) -> float:
+    """Pearson correlation of the two after each loses its prompt's mean."""
+    def centred(values):
+        means = {}
+        for g, v in zip(groups, values):
+            means.setdefault(g, []).append(v)
+        return [v - statistics.fmean(means[g]) for g, v in zip(groups, values)]
+
+    xs, ys = centred(rewards), centred(judged)
+    spread = math.sqrt(sum(x * x for x in xs) * sum(y * y for y in ys))
+    return 0.0 if spread == 0 else sum(x * y for x, y in zip(xs, ys)) / spread
+
+
+def held_out_accuracy(rewards: list[float], judged: list[float], groups: list[int]) -> float:
+    """The share of pairs of answers to one prompt, untied by the judge, that the rewards order as the judge does; a tie
+    in reward counts half."""
+    right = total = 0
+    for i in range(len(rewards)):
+        for j in range(i + 1, len(rewards)):
+            if groups[i] == groups[j] and judged[i] != judged[j]:
+                total += 1
+                agreement = (rewards[i] - rewards[j]) * (judged[i] - judged[j])
+                right += 1 if agreement > 0 else 0.5 if agreement == 0 else 0
+    return right / total
+
+
+# The arms. A head arm is (layers as fractions of the depth, pooling, prior, posterior, whether it takes the flip rate).
+HEAD_ARMS = {
+    "head": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "laplace", True),
+    "head-plain": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "laplace", False),
+    "head-cv": ((0, 0.2, 0.4, 0.6), "mean", "cv", "laplace", True),
+    "head-bootstrap": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "bootstrap", True),
+    "head-last-layer": ((1,), "mean", "evidence", "laplace", True),
+    "head-last-token": ((1,), "last", "evidence", "laplace", True),
+}
+ARMS = (*HEAD_ARMS, "lora")
+HEADS = 4
+
+
+def head_arm(name: str, answers: Answers):
+    """fit(votes) -> the held-out answers' rewards, for a head arm."""
+    import torch
+
+    from train.features import POOLINGS, layer_indices
+    from train.head import fit_head
+
+    fractions, pooling, prior, posterior, noise_aware = HEAD_ARMS[name]
+    layers = list(layer_indices(fractions, answers.states.shape[2] - 1))
+    features = answers.states[:, POOLINGS.index(pooling), layers].flatten(1)  # (answers, D)
+    held = held_out_answers(answers)
+
+    def fit(votes: list[Vote]) -> list[float]:
+        confidence = torch.tensor([v.confidence if noise_aware else 1.0 for v in votes])
+        head = fit_head(features[[v.chosen for v in votes]], features[[v.rejected for v in votes]], confidence,
+                        [v.prompt for v in votes], HEADS, prior, posterior)
+        return head.raw_scores(features[held]).mean(dim=1).tolist()
+
+    return fit
+
+
+def lora_arm(answers: Answers):
+    """fit(votes) -> the held-out answers' rewards, for today's LoRA reward model with its defaults."""
+    import tempfile
+
+    from train.config import DEFAULT_MODEL, RewardModelConfig
+    from train.models import resolve_model_path
+    from train.reward import train_reward_model
+    from train.reward_model import load_reward_model
+    from train.snapshot import PreferenceRow
+
+    model_path = resolve_model_path(DEFAULT_MODEL)
+    config = RewardModelConfig(eval_share=0.0)  # held out here: the held-out prompts' answers
+    held = held_out_answers(answers)
+
+    def fit(votes: list[Vote]) -> list[float]:
+        rows = [PreferenceRow(answers.prompts[v.prompt], answers.texts[v.chosen], answers.texts[v.rejected]) for v in votes]
+        with tempfile.TemporaryDirectory() as scratch:
+            train_reward_model(model_path, rows, [], config, Path(scratch) / "rm")
+            reward_model = load_reward_model(model_path, Path(scratch) / "rm")
+            return reward_model.score([answers.prompts[i // ANSWERS_PER_PROMPT] for i in held], [answers.texts[i] for i in held],
+                                      config.batch_size * 2)
+
+    return fit
+
+
+def held_out_answers(answers: Answers) -> list[int]:
+    return [i for i in range(len(answers.texts)) if answers.held_out[i // ANSWERS_PER_PROMPT]]
+
+
+def judged(answers: Answers, judge_name: str) -> list[float]:
+    from annotate.judges import BUILT_IN
+    from annotate.simulate import last_user_message
+
+    judge = BUILT_IN[judge_name]
+    return [judge(last_user_message(answers.prompts[i // ANSWERS_PER_PROMPT]), text) for i, text in enumerate(answers.texts)]
+
+
+def noise_for(pairs: list[tuple[int, int, int]], scores: list[float], agreement: float) -> tuple[float, str]:
+    """simulate's noise T for the training pairs at `agreement`; where ties put it out of reach, the T at which votes on
+    the pairs the judge tells apart side with it that often. And which it is."""
+    from annotate.simulate import UnreachableAgreement, noise_for_agreement
+
+    margins = [scores[a] - scores[b] for _, a, b in pairs]
+    try:
+        return noise_for_agreement(margins, agreement), "all pairs"
+    except UnreachableAgreement:
+        return noise_for_agreement([m for m in margins if m], agreement), "untied pairs only"
+
+
+def run_arm(name: str, args: argparse.Namespace) -> None:
+    """One arm over every judge, N and draw, in this (child) process: a JSON line per fit, then its own summary."""
+    answers = load_answers(args.seed)
+    fit = lora_arm(answers) if name == "lora" else head_arm(name, answers)
+    pairs, held = training_pairs(answers), held_out_answers(answers)
+    groups = [i // ANSWERS_PER_PROMPT for i in held]
+    draws = args.lora_draws if name == "lora" else args.draws
+    for judge_name in args.judges.split(","):
+        scores = judged(answers, judge_name)
+        noise, _ = noise_for(pairs, scores, args.agreement)
+        truth = [scores[i] for i in held]
+        for votes in map(int, args.votes.split(",")):
+            for draw in range(draws):
+                cast, flip = draw_votes(pairs, scores, noise, votes, random.Random(f"{args.seed}-{judge_name}-{votes}-{draw}"),
+                                        args.overlap_share, 2)
+                started = time.perf_counter()
+                rewards = fit(cast)
+                seconds = time.perf_counter() - started
+                print(json.dumps({"judge": judge_name, "votes": votes, "draw": draw, "flip_rate": flip, "seconds": seconds,
+                                  "correlation": within_prompt_correlation(rewards, truth, groups),
+                                  "accuracy": held_out_accuracy(rewards, truth, groups)}), flush=True)
+
+
+def measure(name: str, args: argparse.Namespace) -> tuple[list[dict], float]:
+    """Run an arm in a child process: its fits, and its peak resident memory in GB."""
+    import os
+
+    command = [sys.executable, __file__, "--arm", name, "--judges", args.judges, "--votes", args.votes, "--draws", str(args.draws),
+               "--lora-draws", str(args.lora_draws), "--agreement", str(args.agreement), "--seed", str(args.seed),
+               "--overlap-share", str(args.overlap_share)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    fits = []
+    for line in child.stdout:
+        fits.append(json.loads(line))
+        print(f"  {name} {fits[-1]['judge']} N={fits[-1]['votes']} draw {fits[-1]['draw']}: RM~judge {fits[-1]['correlation']:.3f}, "
+              f"{fits[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise SystemExit(f"the {name} arm failed (wait status {status})")
+    return fits, usage.ru_maxrss / 2**20
+
+
+def summary_table(results: dict[str, tuple[list[dict], float]], judges: list[str], votes: list[int]) -> list[str]:
+    def spread(values: list[float]) -> str:
+        return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+
+    lines = ["| judge | votes | arm | draws | RM~judge (mean ± sd) | held-out accuracy | fit s | peak GB |",
+             "|---|---:|---|---:|---|---|---:|---:|"]
+    for judge_name in judges:
+        for n in votes:
+            for name, (fits, peak) in results.items():
+                mine = [f for f in fits if f["judge"] == judge_name and f["votes"] == n]
+                if mine:
+                    lines.append(f"| {judge_name} | {n} | {name} | {len(mine)} | {spread([f['correlation'] for f in mine])} | "
+                                 f"{spread([f['accuracy'] for f in mine])} | {statistics.fmean(f['seconds'] for f in mine):.2f} | {peak:.2f} |")
+    return lines
+
+
+def main() -> None:
+    from annotate.judges import BUILT_IN
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--judges", default=",".join(BUILT_IN), help="comma-separated built-in judges [default: all]")
+    parser.add_argument("--votes", default="48,96,288,864", help="comma-separated numbers of votes [default: 48,96,288,864]")
+    parser.add_argument("--draws", type=int, default=5, help="draws of the votes for each judge and N [default: 5]")
+    parser.add_argument("--lora-draws", type=int, default=1,
+                        help="draws for the LoRA arm, whose fits take minutes where a head's take a second [default: 1]")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms, of {', '.join(ARMS)} [default: all]")
+    parser.add_argument("--agreement", type=float, default=0.7, help="share of votes siding with the judge [default: 0.7]")
+    parser.add_argument("--overlap-share", type=float, default=0.2,
+                        help="share of pairs voted on twice, as [queue] overlap_share, to measure the flip rate [default: 0.2]")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the answers, the split and the votes [default: 0]")
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        return run_arm(args.arm, args)
+    unknown = set(args.arms.split(",")) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms {', '.join(sorted(unknown))}: choose from {', '.join(ARMS)}")
+    started = time.perf_counter()
+    answers = load_answers(args.seed)
+    pairs = training_pairs(answers)
+    judges = args.judges.split(",")
+    print(f"{len(answers.texts)} answers to {len(answers.prompts)} prompts ({sum(answers.held_out)} held out); "
+          f"votes at agreement {args.agreement} on pairs of the {len(pairs)} of the training prompts")
+    for judge_name in judges:
+        scores = judged(answers, judge_name)
+        noise, basis = noise_for(pairs, scores, args.agreement)
+        ties = sum(scores[a] == scores[b] for _, a, b in pairs) / len(pairs)
+        print(f"  {judge_name}: T = {noise:.3g} ({basis}); the judge ties {ties:.0%} of the training pairs")
+    results = {name: measure(name, args) for name in args.arms.split(",")}
+    print("\n".join(summary_table(results, judges, [int(n) for n in args.votes.split(",")])))
+    print(f"in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
