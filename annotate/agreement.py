@@ -12,6 +12,7 @@ from annotate.ratings import wilson_interval
 from annotate.trust import PRIOR_MEAN
 from store import Connection
 from store.ai_votes import judged_pairs
+from store.gold import people_votes
 
 
 def majority(choices: list[str]) -> str | None:
@@ -159,3 +160,11 @@ def majority_confidence(agreeing: int, disagreeing: int, flip: float) -> float:
         return 1.0
     lead = agreeing - disagreeing
     return 1 / (1 + (flip / (1 - flip)) ** lead)
+
+
+def project_flip_rate(con: Connection) -> FlipRate:
+    """The flip rate of people's votes in the project, from the pairs two or more of them voted on."""
+    by_pair: dict[int, list[str]] = {}
+    for pair_id, _, choice in people_votes(con):
+        by_pair.setdefault(pair_id, []).append(choice)
+    return flip_rate(list(by_pair.values()))

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from annotate.agreement import JudgeAgreement, agreement_share, agreement_with_people, majority
+from annotate.agreement import JudgeAgreement, agreement_share, agreement_with_people, majority, majority_confidence
 from annotate.trust import project_reliability, weighted_label
 from store import Connection, StoreError
 from store.ai_votes import AI
@@ -176,7 +176,8 @@ def deciding_votes(pairs: list[VotedPair], include_ai: bool) -> list[VotedPair]:
 
 
 def preference_rows(
-    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off", rankings: str = "pairs"
+    con: Connection, include_imported: bool = True, weight_by_trust: bool = False, ai_votes: str = "off", rankings: str = "pairs",
+    flip_rate: float = 0.0,
 ) -> list[PreferenceRow]:
     """What a reward model trains on: the majority-resolved preference rows (ties, both-bad and unresolved pairs left
     out), those the preference export writes. With `rankings` = 'plackett_luce' ([reward_model] rankings) the pairs of
@@ -187,6 +188,8 @@ def preference_rows(
     the probability that its label is right. The AI judge's votes decide the pairs no person voted
     on unless `ai_votes` ([reward_model] ai_votes) is 'off'; with 'weight' such a row carries the
     judge's agreement with people as its confidence (annotate.agreement.JudgeAgreement.confidence).
+    Otherwise a row resolved by its majority carries the probability that the majority is right when each vote
+    picks the worse answer with probability `flip_rate` (annotate.agreement.majority_confidence).
     """
     rows = []
     gold = gold_answers(con) if weight_by_trust else {}
@@ -206,7 +209,9 @@ def preference_rows(
             if label := weighted_label([(vote.annotator, vote.choice) for vote in pair.votes], reliability):
                 rows.append(_resolved(pair, *label))
         elif winner in ("a", "b"):
-            rows.append(_resolved(pair, winner))
+            choices = [vote.choice for vote in pair.votes]
+            loser = "b" if winner == "a" else "a"
+            rows.append(_resolved(pair, winner, majority_confidence(choices.count(winner), choices.count(loser), flip_rate)))
     return rows
 
 

@@ -67,21 +67,23 @@ def penalised_scores(score: ScoreFn, config: GRPOConfig, eos_token_id: int) -> C
 
 
 class SharedReward:
-    """The reward model as the `reward` adapter and a frozen head on the policy's own base model: scores
-    as `tether rm score` scores, without a second copy of the base."""
+    """The reward model as the `reward` adapter and a frozen head on the policy's own base model, or a head on that
+    base's features: scores as `tether rm score` scores, without a second copy of the base."""
 
     def __init__(self, reward: RewardAdapter, tokenizer: PreTrainedTokenizerBase):
         self.reward = reward
-        self.scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length)
+        self.scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length, reward.features)
         self.peft_model = self.head = None
 
     def attach(self, peft_model) -> None:
-        """Add the reward adapter, frozen, beside the policy's (the active one, which stays active)."""
-        peft_model.add_adapter("reward", replace(self.reward.lora, lora_dropout=0.0, inference_mode=True))
-        load_adapter_weights(peft_model, self.reward.lora_weights, "reward", self.reward.path)
-        for name, parameter in peft_model.named_parameters():
-            if ".reward." in name:
-                parameter.requires_grad_(False)
+        """Add the reward adapter, frozen, beside the policy's (the active one, which stays active); a head on features
+        needs none."""
+        if self.reward.lora is not None:
+            peft_model.add_adapter("reward", replace(self.reward.lora, lora_dropout=0.0, inference_mode=True))
+            load_adapter_weights(peft_model, self.reward.lora_weights, "reward", self.reward.path)
+            for name, parameter in peft_model.named_parameters():
+                if ".reward." in name:
+                    parameter.requires_grad_(False)
         self.peft_model, self.head = peft_model, frozen_head(self.reward, next(peft_model.parameters()).device)
 
     def score(self, prompts: list[Messages], texts: list[str]) -> tuple[list[float], list[float]]:

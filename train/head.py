@@ -18,11 +18,27 @@ The prior is w ~ N(0, I / alpha) on standardised features. The fit, in the order
 The heads are folded back into raw features: head k's raw score is weight_k . f + bias_k.
 """
 
+import json
 import math
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from train import distributed
+from train.config import ModelConfig, RewardModelConfig
+from train.errors import ModelError
+from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, response_features
+from train.files import built_beside
+from train.reward_model import (
+    HEAD_FILE, METRICS_FILE, NORMALIZATION_FILE, Normalization, PairwiseResult, RewardModel, encode_pairs, normalization_of,
+    pairwise_result, read_normalization,
+)
+from train.snapshot import Messages, PreferenceRow
 
 PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")
@@ -158,3 +174,173 @@ def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, confidence: torch.Ten
         ])
     weight = draws / std  # (K, D): on raw features
     return Head(weight.float(), (-(weight @ mean)).float(), alpha)
+
+
+# The saved model
+
+
+@dataclass
+class HeadRewardModel(RewardModel):
+    """A head on features, ready to score: `model` is the base causal LM whose features it reads."""
+
+    head: Head | None = None
+    spec: FeatureSpec | None = None
+
+    def features(self, prompts: list[Messages | str], responses: list[str], batch_size: int,
+                 on_scored: Callable[[int], None] | None = None) -> torch.Tensor:
+        return response_features(self.model, self.tokenizer, prompts, responses, self.spec, batch_size, on_scored)
+
+    def raw_scores(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[list[float]]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        return self.head.raw_scores(self.features(prompts, responses, batch_size)).tolist() if prompts else []
+
+    def pairwise_accuracy(self, rows: list[PreferenceRow], batch_size: int = 16,
+                          on_scored: Callable[[int], None] | None = None) -> PairwiseResult:
+        if not rows:
+            return pairwise_result(torch.empty(0, 0), torch.empty(0, 0), self.normalization, 0)
+        prompts = [row.prompt for row in rows]
+        raw = self.head.raw_scores(self.features(prompts * 2, [r.chosen for r in rows] + [r.rejected for r in rows], batch_size, on_scored))
+        truncated = encode_pairs(self.tokenizer, rows, self.max_length).truncated
+        return pairwise_result(raw[: len(rows)], raw[len(rows) :], self.normalization, truncated)
+
+
+def save_head(head: Head, spec: FeatureSpec, normalization: Normalization, metrics: dict[str, Any], config: RewardModelConfig,
+              out_dir: Path) -> None:
+    """The heads' weights, normalisation and metrics (the config and the features' spec among them), put in place whole."""
+    from safetensors.torch import save_file
+
+    with built_beside(out_dir) as built:
+        built.mkdir()
+        save_file({"weight": head.weight.contiguous(), "bias": head.bias.contiguous()}, str(built / HEAD_FILE))
+        (built / NORMALIZATION_FILE).write_text(json.dumps(asdict(normalization), indent=2) + "\n")
+        (built / METRICS_FILE).write_text(json.dumps({**metrics, "config": asdict(config), "features": asdict(spec)}, indent=2) + "\n")
+
+
+def read_head(model_dir: Path) -> tuple[Head, FeatureSpec]:
+    """A saved head and where it reads the base."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(model_dir) / HEAD_FILE))
+    saved = json.loads((Path(model_dir) / METRICS_FILE).read_text())
+    spec = saved["features"]
+    return Head(weights["weight"], weights["bias"], saved["alpha"]), FeatureSpec(tuple(spec["layers"]), spec["pooling"], spec["max_length"])
+
+
+def load_head_model(model_path: str, model_dir: Path, base: ModelConfig) -> HeadRewardModel:
+    """A saved head on the base model at model_path, loaded as `base` says, in eval mode."""
+    from train.models import load_model
+
+    model, tokenizer = load_model(replace(base, name_or_path=model_path))
+    head, spec = read_head(model_dir)
+    head = Head(head.weight.to(next(model.parameters()).device), head.bias.to(next(model.parameters()).device), head.alpha)
+    return HeadRewardModel(model, tokenizer, read_normalization(model_dir), spec.max_length, head, spec)
+
+
+# The whole run
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The newest head before this one, to measure on the votes it never saw."""
+
+    model_dir: Path
+    version: int
+    new_rows: list[PreferenceRow]
+
+
+def train_head_model(
+    model_path: str, train_rows: list[PreferenceRow], eval_rows: list[PreferenceRow], config: RewardModelConfig, out_dir: Path,
+    base: ModelConfig, cache_root: Path | None = None, previous: Previous | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Fit the heads on the training rows' features, evaluate them on eval_rows', and save them to out_dir; their metrics.
+
+    Each answer's features are read once from the base model loaded as `base` says (float32 on the CPU when not
+    given) and cached under cache_root. Given `previous`, that head is measured first on the votes it never saw.
+    """
+    from train.models import load_model
+
+    if not train_rows:
+        raise ModelError("no preference pairs to train on")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"{out_dir} already exists and is not empty")
+    started = time.perf_counter()
+    model, tokenizer = load_model(replace(base, name_or_path=model_path))
+    spec = FeatureSpec(layer_indices(tuple(config.feature_layers), model.config.num_hidden_layers), "mean", config.max_length)
+    reading = {"model": base.name_or_path, "dtype": base.dtype, "quantization": base.quantization, **asdict(spec)}
+    earlier = read_head(previous.model_dir) if previous is not None else None
+    measured = previous.new_rows if earlier is not None and earlier[1] == spec else []
+    rows = train_rows + eval_rows + measured
+    prompts = [row.prompt for row in rows] * 2
+    texts = [row.chosen for row in rows] + [row.rejected for row in rows]
+    done = 0
+
+    def progress(count: int) -> None:
+        nonlocal done
+        done += count
+        if on_progress is not None:
+            on_progress({"step": done, "total_steps": len(texts)})
+
+    cache = FeatureCache(cache_root if distributed.is_main() else None, reading)  # every process reads the same; one caches
+    features, computed = cached_features(model, tokenizer, prompts, texts, spec, config.batch_size * 2, cache, uuid.uuid4().hex, progress)
+    feature_seconds = time.perf_counter() - started
+    chosen, rejected = features[: len(rows)], features[len(rows) :]  # (N, D) each
+    train, held, new = slice(0, len(train_rows)), slice(len(train_rows), len(train_rows) + len(eval_rows)), slice(len(train_rows) + len(eval_rows), len(rows))
+    fit_started = time.perf_counter()
+    confidence = torch.tensor([row.confidence for row in train_rows])
+    prompt_numbers: dict[str, int] = {}
+    groups = [prompt_numbers.setdefault(json.dumps(row.prompt, sort_keys=True), len(prompt_numbers)) for row in train_rows]
+    head = fit_head(chosen[train], rejected[train], confidence, groups, config.heads, seed=config.seed)
+    fit_seconds = time.perf_counter() - fit_started
+    normalization = normalization_of(head.raw_scores(torch.cat([chosen[train], rejected[train]])).tolist())
+    held_out = pairwise_result(head.raw_scores(chosen[held]), head.raw_scores(rejected[held]), normalization, 0)
+    new_votes, measured_from = None, None
+    if measured:
+        old = earlier[0]
+        new_votes = pairwise_result(old.raw_scores(chosen[new]), old.raw_scores(rejected[new]), read_normalization(previous.model_dir), 0)
+        measured_from = previous.version
+    elif previous is not None and not previous.new_rows:  # fitted again on the same votes: the earlier record stands
+        record = json.loads((previous.model_dir / METRICS_FILE).read_text())
+        new_votes = PairwiseResult(record.get("new_votes_accuracy"), None, None, None, record.get("new_votes_pairs") or 0, 0)
+        measured_from = record.get("new_votes_from")
+    margins = (head.raw_scores(chosen[train]) - head.raw_scores(rejected[train])).mean(dim=1).double()
+    metrics = {
+        "kind": "head",
+        "train_loss": float(noisy_nll(margins, confidence.double()).mean()),
+        "eval_accuracy": held_out.accuracy,
+        "eval_mean_margin": held_out.mean_margin,
+        "eval_loss": held_out.loss,
+        "eval_calibration_error": held_out.calibration_error,
+        "heads": config.heads,
+        "alpha": head.alpha,
+        "label_confidence": float(confidence.mean()),  # the mean probability that a training label is right
+        "reward_mean": normalization.mean,
+        "reward_std": normalization.std,
+        "pairs_train": len(train_rows),
+        "pairs_eval": len(eval_rows),
+        "features_read": computed,
+        "features_cached": len(texts) - computed,
+        "feature_seconds": feature_seconds,
+        "train_seconds": fit_seconds,
+        "pairs_per_second": len(train_rows) / max(fit_seconds, 1e-9),
+        "new_votes_from": measured_from,
+        "new_votes_accuracy": new_votes.accuracy if new_votes else None,  # the previous version's, before this run fitted
+        "new_votes_pairs": new_votes.pairs if new_votes else None,
+    }
+    metrics["seconds"] = time.perf_counter() - started
+    if distributed.is_main():
+        save_head(head, spec, normalization, metrics, config, out_dir)
+    return metrics
+
+
+def choose_steering(head: dict[str, Any], lora: dict[str, Any]) -> tuple[str, str]:
+    """Which of a version's two reward models steers, from their metrics, and why, in words: the one more accurate on
+    the held-out prompts' votes, which neither trained on; the head where they tie or none are held out, as it is the
+    one that learns from few votes."""
+    if not head.get("pairs_eval") or head["eval_accuracy"] is None or lora["eval_accuracy"] is None:
+        return "head", "no held-out votes to compare the two on yet: the head, which learns from fewer votes"
+    figures = f"{head['eval_accuracy']:.1%} for the head and {lora['eval_accuracy']:.1%} for the LoRA model on {head['pairs_eval']} held-out votes"
+    if lora["eval_accuracy"] > head["eval_accuracy"]:
+        return "lora", f"the LoRA model predicts votes it never saw better: {figures}"
+    return "head", f"the head predicts votes it never saw {'as well' if lora['eval_accuracy'] == head['eval_accuracy'] else 'better'}: {figures}"

@@ -49,6 +49,7 @@ from train.batching import in_batches
 from train.config import PPOConfig
 from train.errors import ModelError
 from train.files import built_beside
+from train.features import FeatureSpec, pool
 from train.generate import end_of_turn_ids
 from train.hardware import uses_bf16
 from train.models import checkpoint_in_eval_mode, prepare_for_training
@@ -131,7 +132,11 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
         model.set_attn_implementation("eager")
     checkpointing = config.checkpointing(getattr(model, "is_quantized", False))
     model = prepare_for_training(model, checkpointing)
-    reward_config = replace(reward.lora, lora_dropout=0.0, inference_mode=False)  # the value adapter trains from it
+    if reward.lora is not None:
+        reward_config = replace(reward.lora, lora_dropout=0.0, inference_mode=False)  # the value adapter trains from it
+    else:  # a head on the base's features: the value adapter starts as the base, as a fresh policy does
+        reward_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                   target_modules="all-linear")
     if policy_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
         peft_model.load_adapter(str(policy_dir), adapter_name="start", is_trainable=False)
@@ -140,14 +145,16 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
         policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                    target_modules=reward_config.target_modules)
         peft_model = get_peft_model(model, policy_config, adapter_name="policy")
-    for name in ("value", "reward"):
+    for name in ("value", "reward") if reward.lora is not None else ("value",):
         peft_model.add_adapter(name, reward_config)
-        load_adapter_weights(peft_model, reward.lora_weights, name, reward.path)
+        if reward.lora is not None:
+            load_adapter_weights(peft_model, reward.lora_weights, name, reward.path)
     # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
     reward_head = frozen_head(reward, device)
-    value_head = nn.Linear(reward.head.shape[1], 1, bias=True, dtype=torch.float32, device=device)
+    width = reward.head.shape[1] if reward.lora is not None else model.get_input_embeddings().embedding_dim  # the hidden size
+    value_head = nn.Linear(width, 1, bias=True, dtype=torch.float32, device=device)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
@@ -160,9 +167,11 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
 
 def frozen_head(reward: RewardAdapter, device: torch.device) -> nn.Linear:
     """The reward model's K heads as one frozen float32 linear layer on `device`."""
-    heads, width = reward.head.shape  # (K, H)
-    head = nn.Linear(width, heads, bias=False, dtype=torch.float32, device=device)
+    heads, width = reward.head.shape  # (K, H), or (K, D) on features
+    head = nn.Linear(width, heads, bias=reward.bias is not None, dtype=torch.float32, device=device)
     head.weight.data.copy_(reward.head)
+    if reward.bias is not None:
+        head.bias.data.copy_(reward.bias)
     return head.requires_grad_(False)
 
 
@@ -284,11 +293,13 @@ def adapter(model: PolicyWithHeads, name: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class RewardScorer:
-    """How the reward model reads a response: the tokenizer's chat template, its normalisation and its trained max_length."""
+    """How the reward model reads a response: the tokenizer's chat template, its normalisation and its trained max_length,
+    and for a head on features (train.head), where it reads the base."""
 
     tokenizer: PreTrainedTokenizerBase
     normalization: Normalization
     max_length: int
+    features: FeatureSpec | None = None
 
 
 def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,23 +311,31 @@ def reward_scores(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Me
 def shared_reward_scores(peft_model, reward_head: nn.Linear, scorer: RewardScorer, prompts: list[Messages], texts: list[str],
                          back_to: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) reward of each response text and (B,) its uncertainty, by the `reward` adapter of a base that carries
-    other adapters too, and its head; computed as `tether rm score` computes them: the mean and the spread of
-    the heads' normalised scores. The adapter `back_to` is active again after.
+    other adapters too, and its head, or by a head on the base's features read with every adapter off; computed as
+    `tether rm score` computes them: the mean and the spread of the heads' normalised scores. The adapter `back_to`
+    is active again after.
 
     The text is encoded again through the chat template and closed by EOS, as in reward-model
     training, and a sequence over the reward model's max_length loses the start of its prompt.
     """
-    sequences = [encode(scorer.tokenizer, p, t, scorer.max_length).input_ids for p, t in zip(prompts, texts)]
-    input_ids, attention_mask = pad_right(sequences, scorer.tokenizer.pad_token_id)  # (B, T) each
+    encoded = [encode(scorer.tokenizer, p, t, scorer.max_length) for p, t in zip(prompts, texts)]
+    input_ids, attention_mask = pad_right([e.input_ids for e in encoded], scorer.tokenizer.pad_token_id)  # (B, T) each
     device = reward_head.weight.device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    if scorer.features is not None:
+        with peft_model.disable_adapter():
+            hidden = peft_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+        spec = scorer.features
+        features = pool(hidden, spec.layers, (spec.pooling,), attention_mask.sum(dim=1), torch.tensor([e.response_tokens for e in encoded]))
+        return reward_and_uncertainty(scorer.normalization.apply(reward_head(features.flatten(start_dim=1))))
     backbone = peft_model.get_base_model().base_model  # the transformer without its LM head
     peft_model.set_adapter("reward")
     try:
-        hidden = backbone(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).last_hidden_state
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     finally:
         peft_model.set_adapter(back_to)
     last = attention_mask.sum(dim=1) - 1  # (B,) right padding: each sequence's last real token
-    raw = reward_head(hidden[torch.arange(hidden.shape[0]), last.to(device)].float())  # (B, K)
+    raw = reward_head(hidden[torch.arange(hidden.shape[0]), last].float())  # (B, K)
     return reward_and_uncertainty(scorer.normalization.apply(raw))
 
 
@@ -563,7 +582,7 @@ def train_ppo(
         raise ModelError(f"{out_dir} already exists and is not empty")
     reward = read_reward_adapter(reward_dir)
     wrapped = build(model, reward, config, policy_dir)
-    scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length)
+    scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length, reward.features)
     optimizer = optimizer_for(wrapped, config)
     controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
     generator = torch.Generator().manual_seed(config.seed)

@@ -468,6 +468,7 @@ def train_reward_model(
         "warm_start_from": warm_start.version if warm_start else None,
         "pairs_new": len(warm_start.new_train) if warm_start else len(train_rows),  # training pairs fitted for the first time
         "pairs_replayed": len(warm_start.replayed) if warm_start else 0,
+        "new_votes_from": warm_start.version if new_votes else None,
         "new_votes_accuracy": new_votes.accuracy if new_votes else None,  # the previous version's, before this run trained
         "new_votes_pairs": new_votes.pairs if new_votes else None,
     }

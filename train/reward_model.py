@@ -39,6 +39,8 @@ from train.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
 
 NORMALIZATION_FILE = "reward_normalization.json"
 METRICS_FILE = "metrics.json"
+HEAD_FILE = "head.safetensors"  # a head on the base's features (train.head) in place of an adapter
+STEERING_FILE = "steering.json"  # a version of both kinds ([reward_model] kind = "auto"): which one scores
 
 
 @dataclass(frozen=True)
@@ -245,21 +247,28 @@ class RewardModel:
         on_scored, if given, is called with the number of sequences scored after each batch (two per pair).
         """
         if not rows:
-            return PairwiseResult(accuracy=None, mean_margin=None, loss=None, calibration_error=None, pairs=0, truncated=0)
+            return pairwise_result(torch.empty(0, 0), torch.empty(0, 0), self.normalization, 0)
         encoded = encode_pairs(self.tokenizer, rows, self.max_length)
         sequences = encoded.chosen_ids + encoded.rejected_ids
         raw = torch.tensor(score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored), dtype=torch.float64)
-        chosen, rejected = raw[: len(rows)], raw[len(rows) :]  # (N, K) each
-        margins = reward_and_uncertainty(self.normalization.apply(chosen))[0] - reward_and_uncertainty(self.normalization.apply(rejected))[0]
-        probabilities = torch.sigmoid(chosen - rejected).mean(dim=-1)  # (N,) the ensemble's P(chosen wins)
-        return PairwiseResult(
-            accuracy=(margins > 0).double().mean().item(),
-            mean_margin=margins.mean().item(),
-            loss=-probabilities.log().mean().item(),
-            calibration_error=calibration_error(probabilities),
-            pairs=len(rows),
-            truncated=encoded.truncated,
-        )
+        return pairwise_result(raw[: len(rows)], raw[len(rows) :], self.normalization, encoded.truncated)
+
+
+def pairwise_result(chosen: torch.Tensor, rejected: torch.Tensor, normalization: Normalization, truncated: int) -> PairwiseResult:
+    """The pairwise figures of raw head scores (N, K) of each pair's chosen and rejected response."""
+    if not len(chosen):
+        return PairwiseResult(accuracy=None, mean_margin=None, loss=None, calibration_error=None, pairs=0, truncated=0)
+    chosen, rejected = chosen.double(), rejected.double()
+    margins = reward_and_uncertainty(normalization.apply(chosen))[0] - reward_and_uncertainty(normalization.apply(rejected))[0]
+    probabilities = torch.sigmoid(chosen - rejected).mean(dim=-1)  # (N,) the ensemble's P(chosen wins)
+    return PairwiseResult(
+        accuracy=(margins > 0).double().mean().item(),
+        mean_margin=margins.mean().item(),
+        loss=-probabilities.log().mean().item(),
+        calibration_error=calibration_error(probabilities),
+        pairs=len(chosen),
+        truncated=truncated,
+    )
 
 
 # Saving and loading
@@ -276,6 +285,18 @@ def save_reward_model(
         (built / METRICS_FILE).write_text(json.dumps({**metrics, "config": asdict(config)}, indent=2) + "\n")
 
 
+def steering_dir(version_dir: Path) -> Path:
+    """The reward model that scores for a version's directory: the directory itself, or, for a version of both kinds
+    ([reward_model] kind = "auto"), the kind its steering.json names, in the folder of that name."""
+    steering = Path(version_dir) / STEERING_FILE
+    return Path(version_dir) / json.loads(steering.read_text())["kind"] if steering.exists() else Path(version_dir)
+
+
+def is_head(model_dir: Path) -> bool:
+    """Whether a reward model is a head on the base's features (train.head) rather than a LoRA adapter."""
+    return (Path(model_dir) / HEAD_FILE).exists()
+
+
 def read_normalization(adapter_dir: Path) -> Normalization:
     return Normalization(**json.loads((Path(adapter_dir) / NORMALIZATION_FILE).read_text()))
 
@@ -283,7 +304,7 @@ def read_normalization(adapter_dir: Path) -> Normalization:
 def trained_config(adapter_dir: Path) -> dict[str, Any]:
     """The [reward_model] settings a reward model was trained with. It scores at their max_length, or its
     scores are not the trained ones, and has config.heads heads."""
-    return json.loads((Path(adapter_dir) / METRICS_FILE).read_text())["config"]
+    return json.loads((steering_dir(adapter_dir) / METRICS_FILE).read_text())["config"]
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -338,6 +359,11 @@ def load_reward_model(model_path: str, adapter_dir: Path, base: ModelConfig | No
     """A saved reward model, in eval mode, on the base model at model_path loaded as `base` says and on its device
     (float32 on the CPU when not given)."""
     base = base or ModelConfig(device="cpu")
+    adapter_dir = steering_dir(adapter_dir)
+    if is_head(adapter_dir):
+        from train.head import load_head_model  # it reads features with train.reward_model's encoding
+
+        return load_head_model(model_path, adapter_dir, base)
     model, tokenizer = load_adapter(model_path, Path(adapter_dir), base=base)
     if base.quantization == "none":  # a quantised base is on its device already
         model = model.to(device(base))
@@ -349,11 +375,13 @@ class RewardAdapter:
     """A saved reward model taken apart, for a causal LM that carries its adapter beside others (PPO's)."""
 
     path: Path
-    lora: Any  # peft.LoraConfig of its adapter on a causal LM: the head is `head` here, not a module to save
+    lora: Any  # peft.LoraConfig of its adapter on a causal LM: the head is `head` here, not a module to save; None for a head on features
     lora_weights: dict[str, torch.Tensor]  # its LoRA weights, under the keys PEFT saved them with
-    head: torch.Tensor  # (K, H) the score heads' weights
+    head: torch.Tensor  # (K, H) the score heads' weights; (K, D) on features
     normalization: Normalization
     max_length: int
+    bias: torch.Tensor | None = None  # (K,) a head on features: its offsets
+    features: Any = None  # train.features.FeatureSpec: where a head on features reads the base, with every adapter off
 
 
 def read_reward_adapter(adapter_dir: Path) -> RewardAdapter:
@@ -361,6 +389,12 @@ def read_reward_adapter(adapter_dir: Path) -> RewardAdapter:
     from peft import LoraConfig
     from safetensors.torch import load_file
 
+    adapter_dir = steering_dir(adapter_dir)
+    if is_head(adapter_dir):
+        from train.head import read_head
+
+        head, spec = read_head(adapter_dir)
+        return RewardAdapter(adapter_dir, None, {}, head.weight, read_normalization(adapter_dir), spec.max_length, head.bias, spec)
     lora = LoraConfig.from_pretrained(str(adapter_dir))
     weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
     head = next((v for k, v in weights.items() if k.endswith("score.weight")), None)

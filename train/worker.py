@@ -86,19 +86,55 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
 
 
 def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Train a reward model on the frozen preferences, and rankings where frozen beside them; write it to reward_model/.
+    """Train a reward model of [reward_model] kind on the frozen preferences, and rankings where frozen beside them;
+    write it to reward_model/. With kind "auto", both kinds, in reward_model/head and reward_model/lora, and
+    steering.json naming the one that steers.
 
-    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids", "new_ranking_ids"}) it continues
+    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids", "new_ranking_ids"}) the LoRA model continues
     from that version on the pairs and rankings it has not seen plus a replay sample; without, it starts from scratch.
+    With config["previous"] (the same keys) the head first measures that version's head on the votes it never saw.
     """
-    from train.models import resolve_model_path
-    from train.reward import plan_warm_start, split_by_prompt, train_reward_model
+    from train.files import built_beside
+    from train.head import choose_steering
+    from train.reward import split_by_prompt
+    from train.reward_model import STEERING_FILE
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = read_preferences(input_path(job_dir, "preferences"))
     if input_path(job_dir, "rankings").exists():  # [reward_model] rankings = "plackett_luce"
         rows += read_rankings(input_path(job_dir, "rankings"))
     train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
+    events.emit("started", rows_train=len(train_rows), rows_eval=len(eval_rows), reward_model=reward.kind)
+    out = job_dir / "reward_model"
+    if reward.kind == "head":
+        metrics = _train_head(config, reward, train_rows, eval_rows, out, _progress(events, 0, 1))
+    elif reward.kind == "lora":
+        metrics = _train_lora(config, reward, train_rows, eval_rows, out, _progress(events, 0, 1))
+    else:
+        with built_beside(out) as built:
+            head = _train_head(config, reward, train_rows, eval_rows, built / "head", _progress(events, 0, 0.1))
+            lora = _train_lora(config, reward, train_rows, eval_rows, built / "lora", _progress(events, 0.1, 1))
+            steering, why = choose_steering(head, lora)
+            (built / STEERING_FILE).write_text(json.dumps({"kind": steering, "why": why}) + "\n")
+        metrics = {**(head if steering == "head" else lora), "kind": "auto", "steering": steering, "steering_why": why,
+                   **{f"{kind}_{name}": m.get(name) for kind, m in (("head", head), ("lora", lora))
+                      for name in ("eval_accuracy", "pairs_eval", "new_votes_accuracy", "new_votes_pairs", "seconds")}}
+    return {"adapter": "reward_model", "metrics": metrics}
+
+
+def _progress(events: Events, start: float, end: float) -> Callable[[dict[str, Any]], None]:
+    """Progress events for a part of the job that runs from `start` to `end` of the whole."""
+    def progress(update: dict[str, Any]) -> None:
+        events.emit("progress", **update, progress=start + (end - start) * update["step"] / update["total_steps"])
+
+    return progress
+
+
+def _train_lora(config: dict[str, Any], reward: RewardModelConfig, train_rows: list, eval_rows: list, out: Path,
+                progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    from train.models import resolve_model_path
+    from train.reward import plan_warm_start, train_reward_model
+
     warm_start = None
     if start := config.get("warm_start"):
         new_pair_ids, new_ranking_ids = set(start["new_pair_ids"]), set(start.get("new_ranking_ids", []))
@@ -107,18 +143,29 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
             lambda row: row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids,
             reward.replay, reward.seed,
         )
-    events.emit(
-        "started", rows_train=len(train_rows), rows_eval=len(eval_rows), warm_start_from=warm_start.version if warm_start else None
-    )
-
-    def progress(update: dict[str, Any]) -> None:
-        events.emit("progress", **update, progress=update["step"] / update["total_steps"])
-
     base = ModelConfig(**config["model"])
-    metrics = train_reward_model(
-        resolve_model_path(base.name_or_path), train_rows, eval_rows, reward, job_dir / "reward_model", progress, warm_start, base
+    return {"kind": "lora"} | train_reward_model(
+        resolve_model_path(base.name_or_path), train_rows, eval_rows, reward, out, progress, warm_start, base
     )
-    return {"adapter": "reward_model", "metrics": metrics}
+
+
+def _train_head(config: dict[str, Any], reward: RewardModelConfig, train_rows: list, eval_rows: list, out: Path,
+                progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The head fits pairs: a ranking is fitted as the pairs of its answers that are not tied."""
+    from train.head import Previous, train_head_model
+    from train.models import resolve_model_path
+    from train.reward import as_pairs
+
+    previous = None
+    if before := config.get("previous"):
+        new_pair_ids, new_ranking_ids = set(before["new_pair_ids"]), set(before.get("new_ranking_ids", []))
+        new = [row for row in train_rows + eval_rows
+               if (row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids)]
+        previous = Previous(Path(before["adapter_path"]), before["version"], as_pairs(new))
+    base = ModelConfig(**config["model"])
+    cache = Path(config["features_cache"]) if config.get("features_cache") else None
+    return train_head_model(resolve_model_path(base.name_or_path), as_pairs(train_rows), as_pairs(eval_rows), reward, out, base,
+                            cache, previous, progress)
 
 
 def _scores(config: dict[str, Any], prompts: list, texts: list[str], on_scored: Callable[[int], None] | None = None):

@@ -30,7 +30,8 @@ from ui.owner.backup import restore
 from ui.owner.control import command_line_actor, run_action
 from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_reference
 from ui.owner.jobs import (
-    evaluate_reward_model, run_to_end, submit_generation, submit_judging, submit_ppo, submit_reward_training, submit_scoring,
+    evaluate_reward_model, run_to_end, scoring_kind, submit_generation, submit_judging, submit_ppo, submit_reward_training,
+    submit_scoring, trust_status,
 )
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rounds import roll_back, round_report, round_summary, run_round
@@ -398,14 +399,18 @@ def rm_train(include_imported: bool | None, project_dir: Path):
     job = submit_reward_training(project, project.run, include_imported)
     job = run_to_end(project, job, "training")
     reward_model = project.run(get_reward_model, None)
-    m = reward_model.metrics
+    m = reward_model.metrics  # with kind "auto", the figures of the model that steers
+    trained = (f"trained on {m['pairs_train']} pairs in {m['train_seconds']:.1f} s" + (
+        f" after reading {m['features_read']} answers' features ({m['features_cached']} cached) in {m['feature_seconds']:.0f} s"
+        if m.get("features_read") is not None else
+        (f" and {m['rankings_train']} rankings" if m.get("rankings_train") else "") + f" ({m['truncated']} truncated), {m['pairs_per_second']:.2f} rows/s"
+    ))
     click.echo(
-        f"reward model v{reward_model.version}: held-out accuracy {_share(m['eval_accuracy'])} on {m['pairs_eval']} pairs"
-        + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
-        + f", {m['heads']} heads, trained on {m['pairs_train']} pairs"
-        + (f" and {m['rankings_train']} rankings" if m.get("rankings_train") else "")
-        + f" ({m['truncated']} truncated) in {m['train_seconds']:.0f} s, {m['pairs_per_second']:.2f} rows/s"
+        f"reward model v{reward_model.version}, {scoring_kind(reward_model)}: held-out accuracy {_share(m['eval_accuracy'])} on "
+        f"{m['pairs_eval']} pairs" + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
+        + f", {m['heads']} heads, {trained}"
     )
+    click.echo(f"reward model v{reward_model.version}: {trust_status(reward_model, project.config.reward_model)}")
 
 
 @rm.command("eval")

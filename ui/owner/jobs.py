@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from annotate.agreement import project_flip_rate
 from annotate.export import preference_rows, ranking_rows
 from annotate.pairs import add_completions_with_pairs
 from annotate.ratings import wilson_interval
@@ -117,6 +118,29 @@ def steers(reward_model: RewardModel, config: RewardModelConfig) -> bool:
     return config.trust == "always" or (accuracy is not None and bool(pairs) and wilson_interval(accuracy, pairs)[0] > 0.5)
 
 
+KIND_NAMES = {"head": "a head on the base's frozen features", "lora": "a LoRA reward model"}
+
+
+def scoring_kind(reward_model: RewardModel) -> str:
+    """Which reward model scores for a version, and why, in words."""
+    kind = reward_model.metrics.get("kind", "lora")  # versions before heads were all LoRA models
+    if kind == "auto":
+        return f"{KIND_NAMES[reward_model.metrics['steering']]} (kind \"auto\": {reward_model.metrics['steering_why']})"
+    return f"{KIND_NAMES[kind]} (kind \"{kind}\")"
+
+
+def trust_status(reward_model: RewardModel, config: RewardModelConfig) -> str:
+    """Whether the version steers the loop ([reward_model] trust), and why, in words."""
+    if config.trust == "always":
+        return 'it steers the loop: [reward_model] trust = "always"'
+    accuracy, pairs = reward_model.metrics.get("new_votes_accuracy"), reward_model.metrics.get("new_votes_pairs")
+    if accuracy is None or not pairs:
+        return "it does not steer the loop yet: no earlier version has been measured on votes it never saw"
+    low = wilson_interval(accuracy, pairs)[0]
+    measured = f"v{reward_model.metrics.get('new_votes_from')} agreed with {accuracy:.0%} of {pairs} votes it never saw (95% lower bound {low:.0%})"
+    return f"it steers the loop: {measured}" if low > 0.5 else f"it does not steer the loop yet: {measured}, not above 50%"
+
+
 def _prompt_table(prompts: list[Prompt]) -> pa.Table:
     if not prompts:
         raise JobError("the project has no active prompts: add some with `tether prompts import FILE`")
@@ -131,65 +155,92 @@ def is_held_back(prompt: Prompt, share: float) -> bool:
 def submit_reward_training(
     project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None, read: Run | None = None
 ) -> Job:
-    """Queue training a reward model on a frozen snapshot of the project's resolved comparisons.
+    """Queue training a reward model of [reward_model] kind on a frozen snapshot of the project's resolved comparisons.
 
-    With [reward_model] warm_start, the job continues from the newest version, training on the
-    pairs its snapshot lacks plus a replay sample of those it has. `read`, where given, reads the
-    comparisons beside the writer (the app's Server.snapshot): the read grows with the votes, and
-    under the writer's lock it would hold up every annotator meanwhile.
+    Each row's label is right with the probability its votes give it at [reward_model] flip_rate (measured from the
+    votes with 'auto'). A head ('head', 'auto') first measures the newest version's head on the votes it never saw,
+    and reads each answer's features through the project's cache (features/). With [reward_model] warm_start, a
+    LoRA model ('lora', 'auto') continues from the newest version's, training on the pairs its snapshot lacks plus a
+    replay sample of those it has. `read`, where given, reads the comparisons beside the writer (the app's
+    Server.snapshot): the read grows with the votes, and under the writer's lock it would hold up every annotator
+    meanwhile.
     """
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes, reward.rankings)
+    flip = (read or run)(project_flip_rate)
+    rate = flip.rate if reward.flip_rate == "auto" else reward.flip_rate
+    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes, reward.rankings, rate)
     rankings = (read or run)(ranking_rows) if reward.rankings == "plackett_luce" else []
     if not rows and not rankings:
         ai = "; the AI judge's votes count only with [reward_model] ai_votes = \"include\" or \"weight\"" if reward.ai_votes == "off" else ""
         raise JobError(f"no resolved comparisons to train on yet: collect votes first, or use --include-imported{ai}")
+    previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
-        "warm_start": _warm_start(project, run, reward, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
-        if reward.warm_start else None,
+        "flip_rate": {"rate": rate, "measured": dataclasses.asdict(flip), "setting": reward.flip_rate},
+        "warm_start": _warm_start(project, reward, previous) if reward.warm_start and reward.kind != "head" else None,
+        "previous": _of_kind(previous, "head") if reward.kind != "lora" else None,
+        "features_cache": str(project.root / FEATURES_DIR) if reward.kind != "lora" else None,
     }
     inputs = {"preferences": preference_table(rows)} | ({"rankings": ranking_table(rankings)} if rankings else {})
     return _submit(project, run, "reward_model", config, inputs, round_id)
 
 
+FEATURES_DIR = "features"  # in the project: answers' features, read once by a head's jobs (train.features.FeatureCache)
+
 # A version can be continued only by an adapter of its own shape on its own base model.
 ADAPTER_SETTINGS = ("heads", "lora_r", "lora_alpha", "lora_dropout", "target_modules")
 
 
-def _warm_start(
-    project: Project, run: Run, reward: RewardModelConfig, pair_ids: list[int], ranking_ids: list[int]
-) -> dict[str, Any] | None:
-    """What a warm start continues from: the newest version, its adapter and the pairs and rankings it has not seen.
-
-    None, for training from scratch, when there is no version yet or the newest was trained on
-    another base model or adapter shape than the settings now ask for.
-    """
+def _previous(project: Project, run: Run, pair_ids: list[int], ranking_ids: list[int]) -> dict[str, Any] | None:
+    """The newest version, what it was trained with, and the pairs and rankings of the snapshot it has not seen: for a
+    head to be measured on, and a LoRA model to continue from. None when there is none, or it was trained on another
+    base model."""
     newest = run(_newest_training)
     if newest is None:
         return None
-    previous, snapshot, job_config = newest
-    same_shape = job_config is not None and job_config["model"]["name_or_path"] == project.config.model.name_or_path and all(
-        job_config["reward_model"].get(name) == getattr(reward, name) for name in ADAPTER_SETTINGS
-    )
-    if not same_shape:
+    version, snapshot, job_config = newest
+    if job_config is None or job_config["model"]["name_or_path"] != project.config.model.name_or_path:
         return None
-    seen = _ids_in(project.root / snapshot, "pair_id", previous.version)
+    seen = _ids_in(project.root / snapshot, "pair_id", version.version)
     # Frozen beside it when that version fitted rankings whole; looked up by its job, as snapshots are shared by content.
-    rankings = input_path(job_dir(project, previous.metrics["job"]), "rankings") if "job" in previous.metrics else None
-    seen_rankings = _ids_in(rankings, "ranking_id", previous.version) if rankings and rankings.exists() else set()
-    new_pair_ids = [pair_id for pair_id in pair_ids if pair_id not in seen]
-    new_ranking_ids = [ranking_id for ranking_id in ranking_ids if ranking_id not in seen_rankings]
-    if not new_pair_ids and not new_ranking_ids:
+    rankings = input_path(job_dir(project, version.metrics["job"]), "rankings") if "job" in version.metrics else None
+    seen_rankings = _ids_in(rankings, "ranking_id", version.version) if rankings and rankings.exists() else set()
+    return {"version": version.version, "version_dir": str(project.root / version.adapter_path), "reward_model": job_config["reward_model"],
+            "new_pair_ids": [i for i in pair_ids if i not in seen], "new_ranking_ids": [i for i in ranking_ids if i not in seen_rankings]}
+
+
+def _of_kind(previous: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The previous version's reward model of this kind ('head' or 'lora'), with what it has not seen; None without one."""
+    if previous is None:
+        return None
+    trained = previous["reward_model"].get("kind", "lora")  # versions before heads were all LoRA models
+    if trained not in (kind, "auto"):
+        return None
+    path = Path(previous["version_dir"]) / kind if trained == "auto" else Path(previous["version_dir"])
+    return {"version": previous["version"], "adapter_path": str(path), "new_pair_ids": previous["new_pair_ids"],
+            "new_ranking_ids": previous["new_ranking_ids"]}
+
+
+def _warm_start(project: Project, reward: RewardModelConfig, previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a LoRA model continues from: the newest version's LoRA model and the pairs and rankings it has not seen.
+
+    None, for training from scratch, when there is none, or it has another adapter shape than the settings now ask for.
+    A LoRA model alone refuses to train again on the votes it has seen; beside a head ('auto') it starts from scratch.
+    """
+    lora = _of_kind(previous, "lora")
+    if lora is None or any(previous["reward_model"].get(name) != getattr(reward, name) for name in ADAPTER_SETTINGS):
+        return None
+    if not lora["new_pair_ids"] and not lora["new_ranking_ids"]:
+        if reward.kind == "auto":
+            return None
         raise JobError(
-            f"no new resolved comparisons since reward model v{previous.version}: collect votes first, "
+            f"no new resolved comparisons since reward model v{lora['version']}: collect votes first, "
             "or set warm_start = false in [reward_model] of tether.toml to train again from scratch"
         )
-    return {"version": previous.version, "adapter_path": str(project.root / previous.adapter_path), "new_pair_ids": new_pair_ids,
-            "new_ranking_ids": new_ranking_ids}
+    return lora
 
 
 def _ids_in(path: Path, column: str, version: int) -> set[int]:

@@ -202,7 +202,7 @@ def _on_new_votes(project: Project, round_: Round) -> str:
     metrics = project.run(get_reward_model, round_.reward_version).metrics
     if metrics.get("new_votes_accuracy") is None:
         return ""
-    return f", v{metrics['warm_start_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
+    return f", v{metrics['new_votes_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
 
 
 def sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
