@@ -136,6 +136,12 @@ class FlipRate:
             return f"{self.rate:.2f} (assumed: no pair has two votes yet)"
         return f"{self.rate:.2f} (from {self.agreement:.1%} agreement on {self.pairs} pairs voted on by two or more)"
 
+    def in_use(self, setting: float | str) -> str:
+        """What the reward model's likelihood takes, given [reward_model] flip_rate, in words."""
+        if setting == "auto":
+            return f"{self}; the reward model allows for it"
+        return f"{setting:.2f}, set by hand in [reward_model] flip_rate; measured {self}"
+
 
 def flip_rate(items: list[list[str]]) -> FlipRate:
     """The flip rate e of votes, from the choices on each pair: two annotators who each pick the better answer with

@@ -186,20 +186,30 @@ class Estimator:
         return self.job("completions", self.weights(training=False), activations=working)
 
     def reward_model(self) -> JobMemory:
+        """The head's job or the LoRA model's, by [reward_model] kind; with 'auto' the larger, as they run one after the other."""
         rm = self.config.reward_model
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
-        sequences = 2 * rm.batch_size  # each pair's two responses
+        sequences = 2 * rm.batch_size  # each pair's two responses, in training; a head reads features in batches of as many
+        # A head's job reads features without gradients: every layer's hidden states of a batch, and the last logits.
+        head = self.job("reward model", self.weights(training=False),
+                        activations=sequences * length * (self.shape.layers + 1) * self.shape.hidden * self.width + self.logits(sequences, 1))
         adapters = self.lora_parameters(rm.lora_r) * ADAMW_BYTES
         activations = self.kept_activations(sequences * length, length, rm.lora_dropout, rm.checkpointing(self.config.model))
-        return self.job("reward model", self.weights(training=True), adapters, activations)
+        lora = self.job("reward model", self.weights(training=True), adapters, activations)
+        return {"head": head, "lora": lora, "auto": max(head, lora, key=lambda job: job.peak)}[rm.kind]
+
+    def reward_adapter(self) -> int:
+        """The parameters of the reward model's adapter that PPO and GRPO carry: none for a head on features."""
+        return 0 if self.config.reward_model.kind == "head" else self.lora_parameters(self.config.reward_model.lora_r)
 
     def ppo(self) -> JobMemory:
-        ppo, rm = self.config.ppo, self.config.reward_model
+        ppo = self.config.ppo
         response = ppo.max_new_tokens or self.config.generation.max_new_tokens
         length = self.prompt_tokens + response
-        # The policy and value adapters train; the reward model's adapter rides along frozen.
-        adapters = (self.lora_parameters(ppo.lora_r) + self.lora_parameters(rm.lora_r)) * ADAMW_BYTES
-        adapters += self.lora_parameters(rm.lora_r) * FLOAT32
+        # The policy and value adapters train (the value's of the reward model's shape, or the policy's beside a head);
+        # the reward model's adapter rides along frozen.
+        value = self.reward_adapter() or self.lora_parameters(ppo.lora_r)
+        adapters = (self.lora_parameters(ppo.lora_r) + value) * ADAMW_BYTES + self.reward_adapter() * FLOAT32
         kept = self.kept_activations(ppo.minibatch_size * length, length, 0.0, ppo.checkpointing(self.quantization != "none"))
         update = kept + self.logits(ppo.minibatch_size, response + 1)
         rollout = self.kv_cache(ppo.batch_size, length) + self.logits(ppo.batch_size, response + 1) / LOGIT_COPIES
@@ -213,12 +223,12 @@ class Estimator:
         return self.job("DPO", self.weights(training=True), self.lora_parameters(dpo.lora_r) * ADAMW_BYTES, activations)
 
     def grpo(self) -> JobMemory:
-        grpo, rm = self.config.grpo, self.config.reward_model
+        grpo = self.config.grpo
         response = grpo.max_new_tokens or self.config.generation.max_new_tokens
         length = self.prompt_tokens + response
         responses = grpo.prompts_per_step * grpo.group_size
         minibatch = responses // grpo.minibatches
-        adapters = self.lora_parameters(grpo.lora_r) * ADAMW_BYTES + self.lora_parameters(rm.lora_r) * FLOAT32
+        adapters = self.lora_parameters(grpo.lora_r) * ADAMW_BYTES + self.reward_adapter() * FLOAT32
         update = self.layer_activations(minibatch * length, length, 0.0) + self.logits(minibatch, response)
         rollout = self.kv_cache(responses, length) + self.logits(responses, response) / LOGIT_COPIES
         return self.job("GRPO", self.weights(training=True), adapters, max(update, rollout))
@@ -297,6 +307,9 @@ def fit_to_memory(config, optimizer: str, on_gpu: bool, available_gb: float) -> 
 def _lower(config, job: str) -> str | None:
     """Change one setting of `config` that lowers `job`'s peak, and say which; None when none is left to lower."""
     rm, ppo, dpo, grpo, generation = config.reward_model, config.ppo, config.dpo, config.grpo, config.generation
+    if job == "reward model" and rm.kind == "head" and rm.batch_size % 2 == 0:
+        config.reward_model = replace(rm, batch_size=rm.batch_size // 2)
+        return f"[reward_model] batch_size = {rm.batch_size // 2}"
     if job == "reward model" and not rm.checkpointing(config.model):
         config.reward_model = replace(rm, gradient_checkpointing=True)
         return "[reward_model] gradient_checkpointing = true"

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from annotate.agreement import JudgeAgreement, agreement_with_people
+from annotate.agreement import JudgeAgreement, agreement_with_people, project_flip_rate
 from annotate.export import FORMATS, export_preferences, export_rankings
 from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.queue import SORT_KEYS
@@ -217,7 +217,8 @@ def rounds(project_dir: Path):
     Example:
         tether rounds --project demo
     """
-    for line in round_report(load_project(project_dir).run):
+    project = load_project(project_dir)
+    for line in round_report(project.run, project.config.reward_model):
         click.echo(line)
 
 
@@ -743,6 +744,7 @@ def status(project_dir: Path):
         ("votes", str(counts.votes)),
         *([("rankings", f"{counts.rankings}, of {counts.tasks} tasks to rank; each counts in votes as a vote on each of its pairs")]
           if counts.tasks else []),
+        ("flip rate", project.run(project_flip_rate).in_use(config.reward_model.flip_rate)),
         ("AI votes", _ai_votes(counts.ai_votes, project.run(agreement_with_people))),
         ("policies", _versions(counts.policy_versions)),
         ("reward models", _versions(counts.reward_model_versions)),

@@ -32,7 +32,11 @@ from store.rounds import Round, add_round, finish_round, get_round, list_rounds
 from store.stats import version_games, version_votes
 from train.files import built_beside
 from ui.owner.config import OPTIMIZERS
-from ui.owner.jobs import Run, is_held_back, run_here, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training
+from train.config import RewardModelConfig
+from ui.owner.jobs import (
+    Run, is_held_back, run_here, scoring_kind, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training,
+    trust_status,
+)
 from ui.owner.project import Project
 
 STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
@@ -145,6 +149,7 @@ class RoundSummary:
     # v+1's answers), as the next reward-model version recorded it; None until one does.
     new_votes_accuracy: float | None
     new_votes_pairs: int | None
+    reward_model_kind: str | None  # which reward model scored: "head" or "LoRA", and for kind "auto" which of the two steered
 
 
 def round_history(run: Run) -> list[RoundSummary]:
@@ -177,12 +182,27 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         win_rate = head_to_head(games, round_.policy_to, round_.policy_from)
         controlled = length_controlled(votes, round_.policy_to, round_.policy_from)
     new_votes = _new_votes_metrics(round_.reward_version, reward_models)
+    kind = None
+    if round_.reward_version in reward_models:
+        metrics = reward_models[round_.reward_version].metrics
+        kind = SHORT_KINDS[metrics.get("kind", "lora")] + (f", {SHORT_KINDS[metrics['steering']]} steering" if metrics.get("kind") == "auto" else "")
     return RoundSummary(
         round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
         stopped_early, score_gain, margin, pair_accuracy, pairs,
-        win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"),
+        win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind,
     )
+
+
+SHORT_KINDS = {"head": "head", "lora": "LoRA", "auto": "auto"}
+
+
+def reward_model_note(run: Run, config: RewardModelConfig) -> str | None:
+    """The newest reward model: which model scores for it and whether it steers the loop, and why, in words."""
+    versions = run(list_reward_models)
+    if not versions:
+        return None
+    return f"reward model v{versions[0].version}: {scoring_kind(versions[0])}; {trust_status(versions[0], config)}"
 
 
 def _new_votes_metrics(reward_version: int | None, reward_models: dict[int, RewardModel]) -> dict[str, Any]:
@@ -352,8 +372,8 @@ def repeated_trigram_share(completions: list[tuple[int | None, str]]) -> float:
     return repeated / total if total else 0.0
 
 
-def round_report(run: Run) -> list[str]:
-    """The round history as a text table, the ratings and the warnings, line by line."""
+def round_report(run: Run, config: RewardModelConfig) -> list[str]:
+    """The round history as a text table, the ratings, the newest reward model and the warnings, line by line."""
     history = round_history(run)
     if not history:
         return ["no rounds yet: start one with `tether round`"]
@@ -366,6 +386,8 @@ def round_report(run: Run) -> list[str]:
     if ended := ended_answers(run):
         lines.append("answers that ended, not cut at the length limit: "
                      + ", ".join(f"v{v} {done / total:.0%} of {total}" for v, (done, total) in ended.items()))
+    if note := reward_model_note(run, config):
+        lines.append(note)
     lines += [f"warning: {warning}" for warning in round_warnings(run, history)]
     return lines
 
@@ -388,7 +410,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "round": round_.id,
         "status": round_.status,
         "policy": f"v{round_.policy_from} → v{round_.policy_to}" if round_.policy_to is not None else f"v{round_.policy_from} →",
-        "reward model": f"v{round_.reward_version}" if round_.reward_version is not None else "",
+        "reward model": f"v{round_.reward_version} ({summary.reward_model_kind})" if summary.reward_model_kind else "",
         "RM accuracy": _percent(summary.reward_accuracy),
         "optimizer": _settings(summary),
         "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),

@@ -111,7 +111,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
     _cast(project, sim, names, rng, Counter(), generate_more=False)
     say("the rounds as people (the simulated annotators) saw them:")
-    for line in round_report(project.run):
+    for line in round_report(project.run, project.config.reward_model):
         say(line)
 
 

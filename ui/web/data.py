@@ -2,7 +2,7 @@
 
 import gradio as gr
 
-from annotate.agreement import agreement_with_people, fleiss_kappa, percent_agreement
+from annotate.agreement import agreement_with_people, fleiss_kappa, percent_agreement, project_flip_rate
 from annotate.trust import project_reliability
 from store.db import utcnow
 from store.gold import agreed_pairs, gold_answers, mark_gold
@@ -27,9 +27,10 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
         ]
         items = server.snapshot(overlapped_choices)
         kappa, agreement = fleiss_kappa(items), percent_agreement(items)
+        flips = server.snapshot(project_flip_rate).in_use(server.project.config.reward_model.flip_rate)
         summary = (
             f"{len(items)} pairs with two or more votes · Fleiss' kappa {figure(kappa)} · "
-            f"raw agreement {figure(agreement, percent=True)}"
+            f"raw agreement {figure(agreement, percent=True)} · flip rate, the chance a vote picks the worse answer: {flips}"
         )
         below = server.project.config.queue.flag_reliability_below
         reliability, gold = server.snapshot(lambda con: (project_reliability(con), len(gold_answers(con))))

@@ -13,7 +13,9 @@ from store.rounds import current_job_id, running_round
 from train.jobdir import read_events
 from ui.owner.config import OPTIMIZERS
 from ui.owner.jobs import job_dir
-from ui.owner.rounds import STAGES, RoundSummary, describe, ratings, roll_back, round_history, round_warnings, start_round
+from ui.owner.rounds import (
+    STAGES, RoundSummary, describe, ratings, reward_model_note, roll_back, round_history, round_warnings, start_round,
+)
 from ui.owner.server import Server
 from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, with_error_ids
 
@@ -149,7 +151,7 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
         with gr.Row():
             scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
                                   interactive=False, scale=1)
-            warnings = gr.Textbox(label="Warnings", lines=4, interactive=False, scale=3)
+            warnings = gr.Textbox(label="The reward model in use, and warnings", lines=4, interactive=False, scale=3)
         with gr.Row():
             # allow_custom_value: a version registered since the page loaded is still accepted; the server checks it.
             reward_version = gr.Dropdown(label="Reward model for the round", choices=[NEW_REWARD_MODEL], value=NEW_REWARD_MODEL[1],
@@ -197,7 +199,8 @@ def loop_view(server: Server, shown_round: int | None) -> tuple:
     settings = [[row[key] for key, _ in SETTINGS_COLUMNS] for row in rows]
     scores = [[f"v{v}", round(r)] for v, r in sorted(ratings(server.db).items(), key=lambda item: -item[1])]
     length = server.project.config.length_warning()
-    warnings = "\n".join(([length] if length else []) + round_warnings(server.db, history)) or "None."
+    note = reward_model_note(server.db, server.project.config.reward_model)
+    warnings = "\n".join(([note] if note else []) + ([length] if length else []) + round_warnings(server.db, history)) or "None."
     trained = [summary for summary in history if summary.policy_job is not None]
     shown = next((s for s in trained if s.round.id == shown_round), trained[-1] if trained else None)
     choice = gr.update(choices=[s.round.id for s in trained], value=shown.round.id if shown else None)

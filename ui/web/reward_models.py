@@ -5,11 +5,12 @@ import pandas as pd
 
 from store.jobs import metric_series
 from store.reward_models import list_reward_models
-from ui.owner.jobs import submit_reward_training, submit_scoring
+from ui.owner.jobs import scoring_kind, submit_reward_training, submit_scoring
+from ui.owner.rounds import reward_model_note
 from ui.owner.server import Server
 from ui.web.common import QUIET, figure, rounded, user_errors, with_error_ids
 
-VERSION_COLUMNS = ["version", "held-out accuracy", "calibration error", "heads", "train pairs", "held-out pairs", "truncated", "pairs/s",
+VERSION_COLUMNS = ["version", "model", "held-out accuracy", "calibration error", "heads", "train pairs", "held-out pairs", "truncated", "pairs/s",
                    "snapshot"]
 
 
@@ -34,7 +35,7 @@ def build_reward_models(server: Server) -> None:
         server.operator(request.username)
         versions = server.db(list_reward_models)
         table = [
-            [rm.version, figure(rm.metrics.get("eval_accuracy"), percent=True), rounded(rm.metrics.get("eval_calibration_error"), 3),
+            [rm.version, scoring_kind(rm), figure(rm.metrics.get("eval_accuracy"), percent=True), rounded(rm.metrics.get("eval_calibration_error"), 3),
              rm.metrics.get("heads", 1), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"), rm.metrics.get("truncated"),
              rounded(rm.metrics.get("pairs_per_second"), 2), rm.snapshot[:12]]
             for rm in versions
@@ -45,7 +46,8 @@ def build_reward_models(server: Server) -> None:
             for name, label in (("loss", "loss"), ("train_accuracy", "batch accuracy")):
                 curves += [{"step": step, "value": value, "curve": label} for step, value in server.db(metric_series, shown.metrics["job"], name)]
         choice = gr.update(choices=[rm.version for rm in versions], value=shown.version if shown else None)
-        return table, choice, pd.DataFrame(curves, columns=["step", "value", "curve"])
+        note = reward_model_note(server.db, server.project.config.reward_model) or "No reward model yet."
+        return table, note, choice, pd.DataFrame(curves, columns=["step", "value", "curve"])
 
     with gr.Tab("Reward models") as tab:
         with gr.Row():
@@ -54,14 +56,15 @@ def build_reward_models(server: Server) -> None:
             score = gr.Button("Score completions with the newest")
         queued = gr.Textbox(label="Result", interactive=False)
         refresh = gr.Button("Refresh")
-        versions = gr.Dataframe(headers=VERSION_COLUMNS, label="Reward-model versions, newest first", interactive=False)
+        versions = gr.Dataframe(headers=VERSION_COLUMNS, label="Reward-model versions, newest first", interactive=False, wrap=True)
+        newest = gr.Textbox(label="The newest version: which model scores, and whether it steers the loop", interactive=False)
         with gr.Row():
             run = gr.Dropdown(label="Training run of version", choices=[], scale=1)
             curves = gr.LinePlot(x="step", y="value", color="curve", title="Training loss and batch accuracy per step", scale=4)
 
     train.click(train_reward_model, inputs=[include_imported], outputs=[queued], api_name="train_reward_model", api_visibility="undocumented")
     score.click(score_completions, outputs=[queued], api_name="score_completions", api_visibility="undocumented")
-    shown = dict(inputs=[run], outputs=[versions, run, curves])
+    shown = dict(inputs=[run], outputs=[versions, newest, run, curves])
     refresh.click(reward_models, **shown, api_name="reward_models", api_visibility="undocumented")
     tab.select(reward_models, **shown, **QUIET)
     run.input(reward_models, **shown, api_visibility="undocumented")
