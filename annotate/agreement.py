@@ -118,9 +118,11 @@ def agreement_with_people(con: Connection) -> dict[str, JudgeAgreement]:
 
 
 # Until the overlapped pairs say otherwise, votes are taken to side with the better answer as often as
-# annotate.trust starts everyone at (PRIOR_MEAN), the weight of FLIP_PRIOR_PAIRS pairs voted on twice.
+# annotate.trust starts everyone at (PRIOR_MEAN), with the weight of FLIP_PRIOR_PAIRS pairs voted on twice.
 FLIP_PRIOR_PAIRS = 4.0
 MAX_FLIP_RATE = 0.45  # a flip rate of 0.5 would make every vote a coin flip, and teach nothing
+_CLEARNESS = [(i + 0.5) * 8 / 400 for i in range(400)]  # z from 0 to 8: the midpoints of a grid over the half-normal
+_WEIGHTS = [2 * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) * 8 / 400 for z in _CLEARNESS]
 
 
 @dataclass(frozen=True)
@@ -143,20 +145,42 @@ class FlipRate:
         return f"{setting:.2f}, set by hand in [reward_model] flip_rate; measured {self}"
 
 
-def flip_rate(items: list[list[str]]) -> FlipRate:
-    """The flip rate e of votes, from the choices on each pair: two annotators who each pick the better answer with
-    probability q = 1 - e agree with probability A = q^2 + (1 - q)^2, so q = (1 + sqrt(2A - 1)) / 2.
+def _siding_and_agreement(spread: float) -> tuple[float, float]:
+    """Under votes that side with the better answer with probability sigmoid(spread * z), z half-normal: the share of
+    votes that side with it, and the share of pairs of votes that agree, q^2 + (1 - q)^2 on average over the pairs."""
+    sides = [1 / (1 + math.exp(-spread * z)) for z in _CLEARNESS]
+    return (sum(w * q for w, q in zip(_WEIGHTS, sides)) / sum(_WEIGHTS),
+            sum(w * (q * q + (1 - q) ** 2) for w, q in zip(_WEIGHTS, sides)) / sum(_WEIGHTS))
 
-    A is the mean share of agreeing pairs of votes over the pairs with two or more votes for 'a' or 'b' (ties and
-    both-bad say nothing about which is better), drawn towards annotate.trust's prior by FLIP_PRIOR_PAIRS pairs.
+
+def _spread_where(index: int, target: float) -> float:
+    """The spread at which _siding_and_agreement's `index`th share is `target`: both rise with it, from 0.5 towards 1."""
+    low, high = 1e-6, 1e3
+    for _ in range(80):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if _siding_and_agreement(middle)[index] < target else (low, middle)
+    return middle
+
+
+def flip_rate(items: list[list[str]]) -> FlipRate:
+    """The flip rate of votes, from the choices on each pair.
+
+    Two annotators who each pick the better of a pair with probability q agree with probability q^2 + (1 - q)^2. q
+    is not the same on every pair: people agree on a clear pair and split on a close one. So the pairs are taken as
+    Bradley-Terry has them, with answers whose qualities are normally distributed: a vote picks the better with
+    probability sigmoid(z), z half-normal at a spread that gives the agreement measured, and the flip rate is 1 - the
+    mean of sigmoid(z). (Taking one q for every pair puts the flip rate 0.04 to 0.05 below the truth for simulated
+    annotators who side with a judge 60% to 80% of the time.) The agreement is the mean share of agreeing pairs of
+    votes over the pairs with two or more votes for 'a' or 'b' (ties and both-bad say nothing about which is better),
+    drawn towards annotate.trust's prior by FLIP_PRIOR_PAIRS pairs.
     """
     rated = [[c for c in choices if c in ("a", "b")] for choices in items]
     rated = [choices for choices in rated if len(choices) >= 2]
-    prior = PRIOR_MEAN**2 + (1 - PRIOR_MEAN) ** 2
+    prior = _siding_and_agreement(_spread_where(0, PRIOR_MEAN))[1]
     measured = sum(_pair_agreement(choices) for choices in rated)
     agreement = (measured + FLIP_PRIOR_PAIRS * prior) / (len(rated) + FLIP_PRIOR_PAIRS)
-    q = (1 + math.sqrt(max(0.0, 2 * agreement - 1))) / 2
-    return FlipRate(min(1 - q, MAX_FLIP_RATE), measured / len(rated) if rated else None, len(rated))
+    siding = 0.5 if agreement <= 0.5 else _siding_and_agreement(_spread_where(1, agreement))[0]
+    return FlipRate(min(1 - siding, MAX_FLIP_RATE), measured / len(rated) if rated else None, len(rated))
 
 
 def majority_confidence(agreeing: int, disagreeing: int, flip: float) -> float:

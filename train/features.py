@@ -132,9 +132,9 @@ class FeatureCache:
 
 
 def cached_features(model, tokenizer, prompts: list[Messages | str], texts: list[str], spec: FeatureSpec, batch_size: int,
-                    cache: FeatureCache, name: str, on_batch: Callable[[int], None] | None = None) -> tuple[torch.Tensor, int]:
+                    cache: FeatureCache, name: str, on_batch: Callable[[int], None] | None = None) -> tuple[torch.Tensor, int, int]:
     """(N, D) the features of each answer, read from the cache or, once, from the model, then cached under `name`; and
-    how many were read from the model."""
+    how many distinct answers were read from the model, and how many found cached."""
     keys = [answer_key(p, t) for p, t in zip(prompts, texts)]
     known = cache.read(keys)
     missing = {key: i for i, key in enumerate(keys) if key not in known}  # each answer once, however often it is asked
@@ -142,4 +142,4 @@ def cached_features(model, tokenizer, prompts: list[Messages | str], texts: list
                              batch_size, on_batch) if missing else torch.empty(0)
     new = {key: vector.tolist() for key, vector in zip(missing, read)}
     cache.add(new, name)
-    return torch.tensor([known[key] if key in known else new[key] for key in keys], dtype=torch.float32), len(new)
+    return torch.tensor([known[key] if key in known else new[key] for key in keys], dtype=torch.float32), len(new), len(known)

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from train import distributed
 from train.config import ModelConfig, RewardModelConfig
 from train.errors import ModelError
 from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, response_features
 from train.files import built_beside
+from train.reward import label_noise_loss
 from train.reward_model import (
     HEAD_FILE, METRICS_FILE, NORMALIZATION_FILE, Normalization, PairwiseResult, RewardModel, encode_pairs, normalization_of,
     pairwise_result, read_normalization,
@@ -42,7 +42,7 @@ from train.snapshot import Messages, PreferenceRow
 
 PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")
-CV_ALPHAS = torch.logspace(0, 8, 17, dtype=torch.float64).tolist()  # prior precisions cross-validation tries
+CV_ALPHAS = torch.logspace(-2, 8, 21, dtype=torch.float64).tolist()  # prior precisions cross-validation tries
 CV_FOLDS = 5
 
 
@@ -57,11 +57,6 @@ class Head:
     def raw_scores(self, features: torch.Tensor) -> torch.Tensor:
         """(N, D) features to (N, K) raw head scores."""
         return features.to(self.weight) @ self.weight.T + self.bias
-
-
-def noisy_nll(margin: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
-    """-log(c sigmoid(m) + (1 - c) sigmoid(-m)), elementwise: at c = 1 it is Bradley-Terry's -log sigmoid(m)."""
-    return -torch.logaddexp(confidence.log() + F.logsigmoid(margin), torch.log1p(-confidence) + F.logsigmoid(-margin))
 
 
 def _slope_and_information(margin: torch.Tensor, confidence: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +77,7 @@ def map_fit(z: torch.Tensor, confidence: torch.Tensor, alpha: float, counts: tor
     w = torch.zeros(z.shape[1], dtype=z.dtype) if start is None else start.clone()
 
     def objective(w: torch.Tensor) -> float:
-        return float((counts * noisy_nll(z @ w, confidence)).sum() + 0.5 * alpha * w @ w)
+        return float((counts * label_noise_loss(z @ w, confidence)).sum() + 0.5 * alpha * w @ w)
 
     def precision_at(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         slope, information = _slope_and_information(z @ w, confidence)
@@ -132,7 +127,7 @@ def cv_alpha(z: torch.Tensor, confidence: torch.Tensor, groups: list[int]) -> fl
         for fold in folds.unique().tolist():
             train = folds != fold
             w, _ = map_fit(z[train], confidence[train], alpha)
-            held_out -= float(noisy_nll(z[~train] @ w, confidence[~train]).sum())
+            held_out -= float(label_noise_loss(z[~train] @ w, confidence[~train]).sum())
         scores.append((held_out, alpha))
     return max(scores)[1]
 
@@ -283,7 +278,7 @@ def train_head_model(
             on_progress({"step": done, "total_steps": len(texts)})
 
     cache = FeatureCache(cache_root if distributed.is_main() else None, reading)  # every process reads the same; one caches
-    features, computed = cached_features(model, tokenizer, prompts, texts, spec, config.batch_size * 2, cache, uuid.uuid4().hex, progress)
+    features, computed, cached = cached_features(model, tokenizer, prompts, texts, spec, config.batch_size * 2, cache, uuid.uuid4().hex, progress)
     feature_seconds = time.perf_counter() - started
     chosen, rejected = features[: len(rows)], features[len(rows) :]  # (N, D) each
     train, held, new = slice(0, len(train_rows)), slice(len(train_rows), len(train_rows) + len(eval_rows)), slice(len(train_rows) + len(eval_rows), len(rows))
@@ -307,7 +302,7 @@ def train_head_model(
     margins = (head.raw_scores(chosen[train]) - head.raw_scores(rejected[train])).mean(dim=1).double()
     metrics = {
         "kind": "head",
-        "train_loss": float(noisy_nll(margins, confidence.double()).mean()),
+        "train_loss": float(label_noise_loss(margins, confidence.double()).mean()),
         "eval_accuracy": held_out.accuracy,
         "eval_mean_margin": held_out.mean_margin,
         "eval_loss": held_out.loss,
@@ -320,7 +315,7 @@ def train_head_model(
         "pairs_train": len(train_rows),
         "pairs_eval": len(eval_rows),
         "features_read": computed,
-        "features_cached": len(texts) - computed,
+        "features_cached": cached,
         "feature_seconds": feature_seconds,
         "train_seconds": fit_seconds,
         "pairs_per_second": len(train_rows) / max(fit_seconds, 1e-9),

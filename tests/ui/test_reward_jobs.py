@@ -39,14 +39,15 @@ def training_app(project: Path, tmp_path: Path, prompts: int, **reward_settings)
         server.stop()
 
 
-def test_rm_train_registers_a_version_with_its_snapshot_and_metrics(tiny_project, tiny_model_dir, tmp_path):
+def test_rm_train_registers_a_lora_version_with_its_snapshot_and_metrics(tiny_project, tiny_model_dir, tmp_path):
+    set_settings(tiny_project, "reward_model", kind="lora")
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     refused = run_tether("rm", "train", "--project", str(tiny_project))
     assert refused.returncode == 1 and "no resolved comparisons" in refused.stderr  # imported data only on request
 
     trained = run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
     assert trained.returncode == 0, trained.stderr
-    assert trained.stdout.startswith("reward model v1: held-out accuracy")
+    assert trained.stdout.startswith('reward model v1, a LoRA reward model (kind "lora"): held-out accuracy')
 
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         version, snapshot, adapter_path, metrics = con.execute("SELECT version, snapshot, adapter_path, metrics FROM reward_models").fetchone()
@@ -132,6 +133,7 @@ def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_ver
     def rm_train() -> subprocess.CompletedProcess:
         return run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
 
+    set_settings(tiny_project, "reward_model", kind="lora")
     run_tether("import-prefs", str(toy_preferences(tmp_path / "first.jsonl")), "--project", str(tiny_project), check=True)
     assert rm_train().returncode == 0
     v1 = reward_versions(tiny_project)[1]
@@ -174,7 +176,7 @@ def snapshot_rows(project: Path, job_id: int) -> list[PreferenceRow]:
 
 
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
-    set_settings(tiny_project, "reward_model", epochs=50, batch_size=2)
+    set_settings(tiny_project, "reward_model", kind="lora", epochs=50, batch_size=2)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
     tether = Path(sys.executable).parent / "tether"
     cli = subprocess.Popen([str(tether), "rm", "train", "--include-imported", "--project", str(tiny_project)], stderr=subprocess.PIPE, text=True)
@@ -194,7 +196,7 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
 
 def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annotators_are_still_served(tiny_project, tmp_path):
 
-    with training_app(tiny_project, tmp_path, prompts=10, epochs=50, batch_size=2) as (operator, annotator):
+    with training_app(tiny_project, tmp_path, prompts=10, kind="lora", epochs=50, batch_size=2) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
         wait_for(lambda: (row := operator.predict(api_name="/jobs")["data"][0])[2] == "running" and row[4])  # training steps run
         [pid] = worker_pids(tiny_project, 1)
@@ -203,7 +205,7 @@ def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annot
         assert failed[7] == "the worker exited with code -9:"
         tail = operator.predict(1, api_name="/job_log").strip()
         assert tail and tail in (tiny_project / "jobs" / "1" / "worker.log").read_text()  # the operator sees the worker's log tail
-        versions, _, _ = operator.predict(None, api_name="/reward_models")
+        versions, _, _, _ = operator.predict(None, api_name="/reward_models")
         assert not any(row and row[0] for row in versions["data"])  # no version listed
         view = annotator.predict(api_name="/next_pair")
         assert view[5] == "" and annotator.predict(view[0], None, "", api_name="/vote_left")[5] == ""  # still serving
@@ -215,7 +217,7 @@ def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annot
 
 
 def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_progress(tiny_project, tmp_path):
-    with training_app(tiny_project, tmp_path, prompts=30, epochs=4, batch_size=4) as (operator, annotator):
+    with training_app(tiny_project, tmp_path, prompts=30, kind="lora", epochs=4, batch_size=4) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
         seen, steps_seen, votes = set(), set(), 0
         token = annotator.predict(api_name="/next_pair")[0]
@@ -232,7 +234,7 @@ def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_pro
         assert len({p for p in seen if not p.endswith(" 0%")}) >= 2  # progress moved while the annotator voted
         assert len(steps_seen) >= 2 and all("/" in s for s in steps_seen)  # and so did the step
         assert votes >= 5
-        versions, run, curves = operator.predict(None, api_name="/reward_models")
+        versions, _, run, curves = operator.predict(None, api_name="/reward_models")
         assert versions["data"][0][0] == 1 and run["value"] == 1
         steps = {curve: [row[0] for row in curves["data"] if row[2] == curve] for curve in ("loss", "batch accuracy")}
         assert steps["loss"] == steps["batch accuracy"] == list(range(1, len(steps["loss"]) + 1))  # one point per step
@@ -250,7 +252,7 @@ def test_with_plackett_luce_each_ranking_trains_whole_its_pairs_stay_out_and_a_w
     from ui.owner.project import load_project
 
     set_settings(tiny_project, "queue", answers_per_task=4)
-    set_settings(tiny_project, "reward_model", rankings="plackett_luce", batch_size=4, epochs=1)
+    set_settings(tiny_project, "reward_model", kind="lora", rankings="plackett_luce", batch_size=4, epochs=1)
     add_pairs(tiny_project, prompts=12, answers_per_task=4, texts=lambda prompt, k: f"reply {prompt} " + "word " * (k + 1))
     add_pairs(tiny_project, prompts=4)  # plain pairs beside the tasks
     project = load_project(tiny_project)
@@ -282,3 +284,118 @@ def test_with_plackett_luce_each_ranking_trains_whole_its_pairs_stay_out_and_a_w
     latest = read_rankings(tiny_project / "jobs" / str(second.id) / "inputs" / "rankings.parquet")
     assert warm["version"] == 1 and sorted(warm["new_ranking_ids"]) == sorted({r.ranking_id for r in latest} - {r.ranking_id for r in rankings})
     assert len(warm["new_ranking_ids"]) > 0
+
+
+PLAIN_HEAD_SCORER = """
+import json, sys
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+base, head_dir, cases = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
+tokenizer = AutoTokenizer.from_pretrained(base)
+model = AutoModelForCausalLM.from_pretrained(base).eval()
+spec = json.load(open(f"{head_dir}/metrics.json"))["features"]
+head, norm = load_file(f"{head_dir}/head.safetensors"), json.load(open(f"{head_dir}/reward_normalization.json"))
+scores = []
+with torch.no_grad():
+    for prompt, response in cases:
+        prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        states = model(torch.tensor([(list(prompt_ids) + response_ids)[-spec["max_length"]:]]), output_hidden_states=True).hidden_states
+        features = torch.cat([states[layer][0, -len(response_ids):].mean(dim=0) for layer in spec["layers"]])  # the answer's mean
+        raw = (head["weight"] @ features + head["bias"]).tolist()  # each head's
+        scores.append(sum((r - m) / s for r, m, s in zip(raw, norm["mean"], norm["std"])) / len(raw))
+assert not any(name.split(".")[0] in ("train", "store", "annotate", "ui") for name in sys.modules)
+print(json.dumps(scores))
+"""
+
+
+def test_rm_train_fits_a_head_on_features_read_once_measures_the_last_head_on_new_votes_and_scores_as_plain_transformers_do(
+        tiny_project, tiny_model_dir, tmp_path):
+    def rm_train() -> dict:
+        trained = run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
+        assert trained.returncode == 0, trained.stderr
+        assert trained.stdout.startswith('reward model v'), trained.stdout
+        assert 'a head on the base\'s frozen features (kind "head"): held-out accuracy' in trained.stdout
+        versions = reward_versions(tiny_project)
+        return versions[max(versions)]
+
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "first.jsonl")), "--project", str(tiny_project), check=True)
+    v1 = rm_train()
+    assert (v1["kind"], v1["pairs_train"] + v1["pairs_eval"], v1["features_read"], v1["features_cached"]) == ("head", 40, 80, 0)
+    assert v1["new_votes_accuracy"] is None and 0.5 < v1["label_confidence"] < 1  # imports, each right with 1 - the flip rate
+    assert (tiny_project / "reward_models" / "v1" / "head.safetensors").exists()
+    assert not (tiny_project / "reward_models" / "v1" / "adapter_config.json").exists()
+    assert len(list((tiny_project / "features").glob("*/*.parquet"))) == 1
+
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "more.jsonl", 20, start=40)), "--project", str(tiny_project), check=True)
+    v2 = rm_train()
+    assert (v2["features_read"], v2["features_cached"]) == (40, 80)  # only the new answers are read
+    assert (v2["new_votes_from"], v2["new_votes_pairs"]) == (1, 20) and 0 <= v2["new_votes_accuracy"] <= 1
+    v3 = rm_train()  # no new votes: a head fits again in a second, and v1's record on the votes it never saw stands
+    assert (v3["features_read"], v3["new_votes_from"], v3["new_votes_pairs"]) == (0, 1, 20)
+
+    evaluated = run_tether("rm", "eval", "--data", str(tmp_path / "more.jsonl"), "--project", str(tiny_project))
+    assert evaluated.returncode == 0 and "reward model v3 on" in evaluated.stdout and "over 20 pairs" in evaluated.stdout
+
+    # Trusted from the first version, the 'active' queue samples 4 answers for each pair wanted, and the head's 4
+    # posterior draws pick the two they disagree on most.
+    set_settings(tiny_project, "reward_model", trust="always")
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--limit", "3", "--project", str(tiny_project), check=True)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        sampled = con.execute("SELECT id, prompt_id, reward_heads FROM completions WHERE policy_version = 0 ORDER BY id").fetchall()
+        pairs = con.execute("SELECT prompt_id, completion_a, completion_b FROM pairs WHERE strategy = 'same_policy'").fetchall()
+    assert len(sampled) == 12 and all(len(heads) == 4 for *_, heads in sampled) and len(pairs) == 3
+    heads = {cid: h for cid, _, h in sampled}
+    for prompt, a, b in pairs:
+        answers = [cid for cid, pid, _ in sampled if pid == prompt]
+        most = max(preference_spread(heads[x], heads[y]) for i, x in enumerate(answers) for y in answers[i + 1 :])
+        assert preference_spread(heads[a], heads[b]) == pytest.approx(most)
+
+    scored = run_tether("rm", "score", "--project", str(tiny_project))
+    assert scored.returncode == 0, scored.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rewards = con.execute("SELECT p.messages, c.text, c.reward FROM completions c JOIN prompts p ON p.id = c.prompt_id "
+                              "WHERE c.policy_version = 0 ORDER BY c.id").fetchall()
+    # A head is a plain safetensors file on the base's hidden states: plain transformers score it alike, in a fresh process.
+    script = tmp_path / "plain_head_scorer.py"
+    script.write_text(PLAIN_HEAD_SCORER)
+    plain = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tiny_project / "reward_models" / "v3")],
+                           input=json.dumps([(json.loads(m), t) for m, t, _ in rewards]), capture_output=True, text=True, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout.splitlines()[-1]) == pytest.approx([r for *_, r in rewards], abs=1e-4)
+
+
+def test_auto_steers_with_the_model_more_accurate_on_votes_neither_saw_and_switches_when_the_other_overtakes():
+    from train.head import choose_steering
+
+    def measured(accuracy: float, pairs: int = 40) -> dict:
+        return {"eval_accuracy": accuracy, "pairs_eval": pairs}
+
+    rounds = [(measured(0.62), measured(0.55)), (measured(0.64), measured(0.64)), (measured(0.66), measured(0.71))]
+    assert [choose_steering(head, lora)[0] for head, lora in rounds] == ["head", "head", "lora"]  # a tie keeps the head
+    assert "71.0% for the LoRA model on 40 held-out votes" in choose_steering(*rounds[2])[1]
+    assert choose_steering({"eval_accuracy": None, "pairs_eval": 0}, {"eval_accuracy": None, "pairs_eval": 0})[0] == "head"
+
+
+def test_with_kind_auto_a_version_holds_both_models_and_the_one_steering_json_names_scores(tiny_project, tiny_model_dir, tmp_path):
+    from train.head import choose_steering
+    from train.reward_model import load_reward_model
+
+    set_settings(tiny_project, "reward_model", kind="auto", batch_size=4, epochs=1)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
+    trained = run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
+    assert trained.returncode == 0, trained.stderr
+    version = tiny_project / "reward_models" / "v1"
+    head, lora = (json.loads((version / kind / "metrics.json").read_text()) for kind in ("head", "lora"))
+    steering, why = choose_steering(head, lora)
+    assert json.loads((version / "steering.json").read_text()) == {"kind": steering, "why": why}
+    assert f'(kind "auto": {why})' in trained.stdout and reward_versions(tiny_project)[1]["steering"] == steering
+
+    prompts, texts = [[{"role": "user", "content": "Question 1: what do you like?"}]] * 2, ["I like cats.", "No."]
+    for kind in (steering, {"head": "lora", "lora": "head"}[steering]):  # the version scores as the model steering.json names
+        (version / "steering.json").write_text(json.dumps({"kind": kind, "why": "set by the test"}))
+        assert load_reward_model(str(tiny_model_dir), version).score(prompts, texts) == pytest.approx(
+            load_reward_model(str(tiny_model_dir), version / kind).score(prompts, texts))
