@@ -76,3 +76,57 @@ def test_items_with_one_rating_are_left_out_and_undefined_cases_are_none():
     # Everyone always picks the same choice: chance explains all of it, kappa is undefined.
     assert fleiss_kappa([["a", "a"], ["a", "a", "a"]]) is None
     assert percent_agreement([["a", "a"], ["a", "a", "a"]]) == 1.0
+
+
+def test_the_flip_rate_inverts_agreement_and_leans_on_its_prior_until_pairs_are_voted_on_twice():
+    from annotate.agreement import FLIP_PRIOR_PAIRS, flip_rate, majority_confidence
+
+    assumed = flip_rate([["a"], ["tie", "a"], ["b", "both_bad"]])  # no pair with two votes for a side
+    assert assumed.pairs == 0 and assumed.rate == pytest.approx(0.3, abs=1e-6) and "assumed" in str(assumed)
+    unanimous = flip_rate([["a", "a"]] * 1000)
+    assert unanimous.agreement == 1.0 and unanimous.rate < 0.01
+    split = flip_rate([["a", "b"]] * 1000)
+    assert split.agreement == 0.0 and split.rate == 0.45  # capped: coin flips would teach nothing
+    few = flip_rate([["a", "a"]] * 2)  # two unanimous pairs against the prior's FLIP_PRIOR_PAIRS
+    assert FLIP_PRIOR_PAIRS > 2 and unanimous.rate < few.rate < assumed.rate
+    assert majority_confidence(1, 0, 0.3) == pytest.approx(0.7) and majority_confidence(2, 0, 0.3) == pytest.approx(0.49 / 0.58)
+    assert majority_confidence(2, 1, 0.3) == pytest.approx(0.7) and majority_confidence(3, 0, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("agreement", [0.6, 0.7, 0.8])
+def test_the_flip_rate_of_simulated_annotators_is_measured_within_005_of_the_truth(tmp_path, agreement):
+    """Two annotators vote on each of 3,000 pairs with simulate's noise, siding with a judge `agreement` of the time;
+    the flip rate the Data view and `tether status` show comes within 0.05 of 1 - the share of votes that did."""
+    import random
+    from contextlib import closing
+
+    from annotate.agreement import project_flip_rate
+    from annotate.judges import concise, prefers_first
+    from annotate.pairs import add_completions_with_pairs
+    from annotate.queue import QueueConfig
+    from annotate.simulate import noise_for_agreement
+    from store import open_database
+    from store.completions import NewCompletion
+    from store.db import utcnow
+    from store.prompt_files import NewPrompt
+    from store.prompts import add_prompts
+    from store.votes import insert_votes, vote_row
+
+    rng, prompts = random.Random(agreement), 3000
+    words = [[max(1, round(rng.gauss(40, 12))) for _ in range(2)] for _ in range(prompts)]  # two answers' lengths a prompt
+    with closing(open_database(tmp_path / "tether.duckdb")) as con:
+        add_prompts(con, [NewPrompt([{"role": "user", "content": f"question {i}"}], "test") for i in range(prompts)])
+        ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
+        add_completions_with_pairs(con, [NewCompletion(p, 0, "word " * n, n, True, {}) for p, ns in zip(ids, words) for n in ns],
+                                   QueueConfig(overlap_share=1.0))
+        pairs = con.execute("SELECT p.id, a.text, b.text FROM pairs p JOIN completions a ON a.id = p.completion_a "
+                            "JOIN completions b ON b.id = p.completion_b").fetchall()
+        margins = {pair: concise("", a) - concise("", b) for pair, a, b in pairs}
+        noise = noise_for_agreement(list(margins.values()), agreement)
+        votes = [(pair, annotator, "a" if prefers_first(margin, noise, rng) else "b") for pair, margin in margins.items()
+                 for annotator in ("ann", "bea")]
+        insert_votes(con, [vote_row(pair, annotator, choice, None, None, None, None, "simulate", utcnow()) for pair, annotator, choice in votes])
+        measured = project_flip_rate(con)
+    sided = sum((choice == "a") == (margins[pair] > 0) if margins[pair] else 0.5 for pair, _, choice in votes) / len(votes)
+    assert measured.pairs == len(pairs) > 2500 and abs(sided - agreement) < 0.02
+    assert abs(measured.rate - (1 - sided)) < 0.05, (measured, sided)

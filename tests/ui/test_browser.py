@@ -255,7 +255,8 @@ def test_annotate_operator_and_stored_votes(browser, tiny_project):
         assert float(annotator[4]) == pytest.approx(1 / VOTES), annotator  # tie rate: one tie in five
         assert float(annotator[3]) == pytest.approx(skips / (skips + VOTES), abs=1e-3), annotator
         expect(page.get_by_label("Agreement on overlapped pairs")).to_have_value(
-            "0 pairs with two or more votes · Fleiss' kappa n/a · raw agreement n/a"
+            "0 pairs with two or more votes · Fleiss' kappa n/a · raw agreement n/a · flip rate, the chance a vote picks the "
+            "worse answer: 0.30 (assumed: no pair has two votes yet); the reward model allows for it"
         )
         page.context.close()
         assert dialogs == [], dialogs
