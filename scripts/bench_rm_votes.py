@@ -168,12 +168,12 @@ HEAD_ARMS = {
     "head-last-layer": ((1,), "mean", "evidence", "laplace", True),
     "head-last-token": ((1,), "last", "evidence", "laplace", True),
 }
-ARMS = (*HEAD_ARMS, "lora")
+ARMS = (*HEAD_ARMS, "lora", "lora-distilled")
 HEADS = 4
 
 
-def head_arm(name: str, answers: Answers):
-    """fit(votes) -> the held-out answers' rewards, for a head arm."""
+def head_arm(name: str, answers: Answers, scored=None):
+    """fit(votes) -> the held-out answers' rewards (or those of `scored`), for a head arm: raw, the MAP head's."""
     import torch
 
     from train.features import POOLINGS, layer_indices
@@ -182,7 +182,7 @@ def head_arm(name: str, answers: Answers):
     fractions, pooling, prior, posterior, noise_aware = HEAD_ARMS[name]
     layers = list(layer_indices(fractions, answers.states.shape[2] - 1))
     features = answers.states[:, POOLINGS.index(pooling), layers].flatten(1)  # (answers, D)
-    held = held_out_answers(answers)
+    held = list(scored) if scored is not None else held_out_answers(answers)
 
     def fit(votes: list[Vote]) -> list[float]:
         confidence = torch.tensor([v.confidence if noise_aware else 1.0 for v in votes])
@@ -193,9 +193,14 @@ def head_arm(name: str, answers: Answers):
     return fit
 
 
-def lora_arm(answers: Answers):
-    """fit(votes) -> the held-out answers' rewards, for today's LoRA reward model with its defaults."""
+def lora_arm(answers: Answers, distilled: bool = False):
+    """fit(votes) -> the held-out answers' rewards, for today's LoRA reward model with its defaults; `distilled`, for it
+    fitted to the votes and as many more pairs of the training prompts' answers labelled by the head ("head"), each as
+    sure as the head is (CrowdBT's loss with the head's probability as the label's: a soft label), so that the LoRA model
+    is held towards the head where the votes say nothing."""
     import tempfile
+
+    import torch
 
     from train.config import DEFAULT_MODEL, RewardModelConfig
     from train.models import resolve_model_path
@@ -206,9 +211,19 @@ def lora_arm(answers: Answers):
     model_path = resolve_model_path(DEFAULT_MODEL)
     config = RewardModelConfig(eval_share=0.0)  # held out here: the held-out prompts' answers
     held = held_out_answers(answers)
+    head_rewards = head_arm("head", answers, scored=range(len(answers.texts))) if distilled else None
+    pairs = training_pairs(answers)
 
     def fit(votes: list[Vote]) -> list[float]:
         rows = [PreferenceRow(answers.prompts[v.prompt], answers.texts[v.chosen], answers.texts[v.rejected]) for v in votes]
+        if head_rewards is not None:
+            rewards = head_rewards(votes)
+            voted = {(v.prompt, min(v.chosen, v.rejected), max(v.chosen, v.rejected)) for v in votes}
+            extra = random.Random(len(votes)).sample([p for p in pairs if p not in voted], len(votes))
+            for prompt, a, b in extra:
+                p_a = torch.sigmoid(torch.tensor(rewards[a] - rewards[b])).item()
+                better, worse = (a, b) if p_a >= 0.5 else (b, a)
+                rows.append(PreferenceRow(answers.prompts[prompt], answers.texts[better], answers.texts[worse], confidence=max(p_a, 1 - p_a)))
         with tempfile.TemporaryDirectory() as scratch:
             train_reward_model(model_path, rows, [], config, Path(scratch) / "rm")
             reward_model = load_reward_model(model_path, Path(scratch) / "rm")
@@ -245,10 +260,10 @@ def noise_for(pairs: list[tuple[int, int, int]], scores: list[float], agreement:
 def run_arm(name: str, args: argparse.Namespace) -> None:
     """One arm over every judge, N and draw, in this (child) process: a JSON line per fit, then its own summary."""
     answers = load_answers(args.seed)
-    fit = lora_arm(answers) if name == "lora" else head_arm(name, answers)
+    fit = lora_arm(answers, distilled=name == "lora-distilled") if name.startswith("lora") else head_arm(name, answers)
     pairs, held = training_pairs(answers), held_out_answers(answers)
     groups = [i // ANSWERS_PER_PROMPT for i in held]
-    draws = args.lora_draws if name == "lora" else args.draws
+    draws = args.lora_draws if name.startswith("lora") else args.draws
     for judge_name in args.judges.split(","):
         scores = judged(answers, judge_name)
         noise, _ = noise_for(pairs, scores, args.agreement)

@@ -119,17 +119,16 @@ def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = 1e12
 
 
 def cv_alpha(z: torch.Tensor, confidence: torch.Tensor, groups: list[int]) -> float:
-    """The prior precision of CV_ALPHAS whose fits have the best likelihood of the votes on prompts they left out."""
+    """The prior precision of CV_ALPHAS whose fits have the best likelihood of the votes on prompts they left out. Each
+    fold's fits run from the strongest prior to the weakest, each starting where the one before ended."""
     folds = torch.tensor([g % CV_FOLDS for g in groups])
-    scores = []
-    for alpha in CV_ALPHAS:
-        held_out = 0.0
-        for fold in folds.unique().tolist():
-            train = folds != fold
-            w, _ = map_fit(z[train], confidence[train], alpha)
-            held_out -= float(label_noise_loss(z[~train] @ w, confidence[~train]).sum())
-        scores.append((held_out, alpha))
-    return max(scores)[1]
+    held_out = dict.fromkeys(CV_ALPHAS, 0.0)
+    for fold in folds.unique().tolist():
+        train, w = folds != fold, None
+        for alpha in sorted(CV_ALPHAS, reverse=True):
+            w, _ = map_fit(z[train], confidence[train], alpha, start=w)
+            held_out[alpha] -= float(label_noise_loss(z[~train] @ w, confidence[~train]).sum())
+    return max(CV_ALPHAS, key=held_out.get)
 
 
 def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, confidence: torch.Tensor, groups: list[int], heads: int,

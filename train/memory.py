@@ -242,7 +242,8 @@ class Estimator:
 
 # What lowers each job's peak, for a round that would not fit.
 LOWER = {
-    "reward model": "turn on [reward_model] gradient_checkpointing, or lower its batch_size and raise gradient_accumulation",
+    "reward model": "lower [reward_model] batch_size (raising gradient_accumulation with a LoRA model), or turn on its "
+                    "gradient_checkpointing",
     "PPO": "turn on [ppo] gradient_checkpointing, or lower [ppo] minibatch_size",
     "DPO": "lower [dpo] batch_size",
     "GRPO": "raise [grpo] minibatches",

@@ -18,6 +18,7 @@ from ui.owner.project import init_project
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, tiny_model_dir, tmp_path, dtype):
     set_settings(tiny_project, "model", dtype=dtype)
+    set_settings(tiny_project, "reward_model", kind="auto")  # both kinds: the head, and a LoRA model to check against peft
     set_settings(tiny_project, "ppo", steps=2, batch_size=4)
     project = ("--project", str(tiny_project))
     run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
@@ -33,10 +34,11 @@ def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, 
     assert len(rewards) >= 2 and all(math.isfinite(r) for r in rewards)
     assert (tiny_project / "policies" / "v1" / "adapter_config.json").exists()
 
-    # The reward model, trained on the base in this dtype, scores as transformers + peft alone score it in the same dtype.
+    # The LoRA reward model, trained on the base in this dtype, scores as transformers + peft alone score it in the same dtype.
     cases = [([{"role": "user", "content": f"Question {i}: what do you like?"}], answer) for i in (1, 2) for answer in ("No.", "I like cats. Thank you!")]
-    plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path, dtype)
-    ours = load_reward_model(str(tiny_model_dir), tiny_project / "reward_models" / "v1", ModelConfig(dtype=dtype)).score(*zip(*cases))
+    lora = tiny_project / "reward_models" / "v1" / "lora"
+    plain = score_with_plain_peft(tiny_model_dir, lora, cases, tmp_path, dtype)
+    ours = load_reward_model(str(tiny_model_dir), lora, ModelConfig(dtype=dtype)).score(*zip(*cases))
     # Tether's head reads float32 states where plain peft's runs in the base's dtype: bf16's 8-bit mantissa
     # rounds each score by about 0.4%, and the normalised scores here are within 1.5 of 0.
     assert [p["normalised"] for p in plain] == pytest.approx(ours, abs=0.02)

@@ -9,16 +9,16 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
 from store.jobs import job_metrics, list_jobs
 from train.config import Hardware, ModelConfig, RewardModelConfig
-from train.memory import Estimator, model_shape, round_memory
+from train.memory import Estimator, fit_to_memory, model_shape, round_memory
 from train.models import from_pretrained, prepare_for_training
 from train.reward import build_model
 from ui.owner.jobs import job_dir
 from ui.owner.project import init_project, load_project
 
 
-def estimator(project_root, **model) -> Estimator:
+def estimator(project_root, reward_model: RewardModelConfig | None = None, **model) -> Estimator:
     config = load_project(project_root).config
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, **model))
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, **model), reward_model=reward_model or config.reward_model)
     return Estimator(model_shape(config.model.name_or_path), config, prompt_tokens=20, on_gpu=False)
 
 
@@ -54,8 +54,9 @@ def test_a_quantised_base_holds_a_fraction_of_the_float32_weights_that_grows_wit
 
 def test_a_quantised_base_checkpoints_the_reward_models_activations_unless_the_settings_say_otherwise(tiny_project, tiny_model_dir):
     """QLoRA's recipe: a base quantised to save memory also recomputes its activations, which are then most of it."""
-    full = estimator(tiny_project, name_or_path=str(tiny_model_dir)).reward_model()
-    four = estimator(tiny_project, name_or_path=str(tiny_model_dir), quantization="4bit").reward_model()
+    lora = RewardModelConfig(kind="lora")
+    full = estimator(tiny_project, lora, name_or_path=str(tiny_model_dir)).reward_model()
+    four = estimator(tiny_project, lora, name_or_path=str(tiny_model_dir), quantization="4bit").reward_model()
     assert four.activations < full.activations / 1.5  # of the tiny model's 2 layers, checkpointing keeps 1 at a time
     auto, off = RewardModelConfig(), RewardModelConfig(gradient_checkpointing=False)
     assert auto.checkpointing(ModelConfig(quantization="4bit")) and auto.checkpointing(ModelConfig(quantization="8bit"))
@@ -104,7 +105,7 @@ def test_status_and_init_say_the_rounds_expected_peak_and_its_largest_job(tmp_pa
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(project), check=True)
     status = run_tether("status", "--project", str(project), check=True).stdout
     memory = next(line for line in status.splitlines() if line.startswith("memory"))
-    assert "for prompts of up to 192 tokens" not in memory and "reward model job" in memory
+    assert "for prompts of up to 192 tokens" not in memory and "in its PPO job" in memory  # a head's job is smaller
 
     assert "That is more than" not in memory
 
@@ -136,14 +137,15 @@ def llama_config(path, **sizes):
 
 
 def test_init_lowers_the_settings_of_the_largest_job_until_a_round_fits_the_gpu(tmp_path):
-    """A 0.5B-sized model on an 80 GB GPU: the roomy profile's reward-model batches of 1,024 tokens do not fit without
-    gradient checkpointing, and init turns it on. An 8B-sized one on 24 GB: PPO's minibatch is halved down to 1."""
+    """A 0.5B-sized model on an 80 GB GPU: its head's job fits, and so would a LoRA reward model's batches of 1,024
+    tokens once checkpointed, not without. An 8B-sized one on 24 GB: PPO's minibatch is halved down to 1."""
     small = llama_config(tmp_path / "small", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
     project = init_project(tmp_path / "p80", str(small), Hardware("cuda", "GPU", 80))
-    assert project.config.reward_model.gradient_checkpointing and project.config.reward_model.batch_size == 16
-    assert "lowered to fit a round in its 80 GB: [reward_model] gradient_checkpointing = true" in project.profile
-    assert "gradient_checkpointing = true" in (project.root / "tether.toml").read_text()
+    assert project.config.reward_model.kind == "head" and "lowered" not in project.profile
+    lora = dataclasses.replace(project.config, reward_model=dataclasses.replace(project.config.reward_model, kind="lora"))
+    assert fit_to_memory(lora, "ppo", on_gpu=True, available_gb=80) == ["[reward_model] gradient_checkpointing = true"]
+    assert lora.reward_model.gradient_checkpointing is True and lora.reward_model.batch_size == 16
 
     large = llama_config(tmp_path / "large", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256)
