@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from train import distributed
 from train.batching import in_batches
 from train.files import built_beside
 from train.reward_model import encode, pad_right
@@ -134,12 +135,15 @@ class FeatureCache:
 def cached_features(model, tokenizer, prompts: list[Messages | str], texts: list[str], spec: FeatureSpec, batch_size: int,
                     cache: FeatureCache, name: str, on_batch: Callable[[int], None] | None = None) -> tuple[torch.Tensor, int, int]:
     """(N, D) the features of each answer, read from the cache or, once, from the model, then cached under `name`; and
-    how many distinct answers were read from the model, and how many found cached."""
+    how many distinct answers were read from the model, and how many found cached. Under accelerate launch each
+    process reads its share of the answers, and every process gets them all."""
     keys = [answer_key(p, t) for p, t in zip(prompts, texts)]
     known = cache.read(keys)
-    missing = {key: i for i, key in enumerate(keys) if key not in known}  # each answer once, however often it is asked
-    read = response_features(model, tokenizer, [prompts[i] for i in missing.values()], [texts[i] for i in missing.values()], spec,
-                             batch_size, on_batch) if missing else torch.empty(0)
-    new = {key: vector.tolist() for key, vector in zip(missing, read)}
+    missing = list({key: i for i, key in enumerate(keys) if key not in known}.items())  # each answer once, however often asked
+    mine = [missing[i] for i in distributed.shard(missing)]
+    read = response_features(model, tokenizer, [prompts[i] for _, i in mine], [texts[i] for _, i in mine], spec, batch_size,
+                             on_batch) if mine else torch.empty(0)
+    distributed.report_share(len(mine), "answers' features read")
+    new = dict(distributed.gather([(key, vector.tolist()) for (key, _), vector in zip(mine, read)]))
     cache.add(new, name)
     return torch.tensor([known[key] if key in known else new[key] for key in keys], dtype=torch.float32), len(new), len(known)

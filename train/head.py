@@ -276,7 +276,7 @@ def train_head_model(
         if on_progress is not None:
             on_progress({"step": done, "total_steps": len(texts)})
 
-    cache = FeatureCache(cache_root if distributed.is_main() else None, reading)  # every process reads the same; one caches
+    cache = FeatureCache(cache_root if distributed.is_main() else None, reading)  # one process caches what all read
     features, computed, cached = cached_features(model, tokenizer, prompts, texts, spec, config.batch_size * 2, cache, uuid.uuid4().hex, progress)
     feature_seconds = time.perf_counter() - started
     chosen, rejected = features[: len(rows)], features[len(rows) :]  # (N, D) each

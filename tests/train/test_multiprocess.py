@@ -12,6 +12,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings, toy_preferences
@@ -54,7 +56,7 @@ def test_worker_command_launches_one_process_per_gpu():
 
 
 def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(tiny_project, tiny_model_dir, tmp_path):
-    set_settings(tiny_project, "reward_model", warm_start=False, batch_size=4, epochs=3, trust="always")
+    set_settings(tiny_project, "reward_model", kind="lora", warm_start=False, batch_size=4, epochs=3, trust="always")
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, minibatch_size=2, max_new_tokens=6)
     project = ("--project", str(tiny_project))
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl", n=60)), *project, check=True)
@@ -79,13 +81,24 @@ def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(ti
     plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path)
     assert plain[1]["normalised"] > plain[0]["normalised"]
 
+    # A head: each process reads half the answers' features, and the fit on them is the one a single process makes.
+    set_settings(tiny_project, "reward_model", kind="head")
+    status, log = run_two_processes(tiny_project, lambda p, run: submit_reward_training(p, run, include_imported=True))
+    assert status == "done", log
+    assert shares(log, "answers' features read") == {0: 60, 1: 60}, log  # 60 pairs, two answers each
+    assert run_tether("rm", "train", "--include-imported", *project).returncode == 0  # reads them from the cache
+    three, four = reward_metrics(tiny_project)[3], reward_metrics(tiny_project)[4]
+    assert (three["features_read"], four["features_read"], four["features_cached"]) == (120, 0, 120)
+    heads = [load_file(str(tiny_project / "reward_models" / f"v{v}" / "head.safetensors")) for v in (3, 4)]
+    assert torch.equal(heads[0]["weight"], heads[1]["weight"])
+
     run_tether("prompts", "import", str(DEMO_PROMPTS), *project, check=True)
     status, log = run_two_processes(tiny_project, lambda p, run: submit_ppo(p, run))
     assert status == "done", log
     assert shares(log, "responses sampled over 2 steps") == {0: 4, 1: 4}, log  # two of each step's four, each
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT version, parent FROM policies ORDER BY version").fetchall() == [(0, None), (1, 0)]
-        steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE job_id = 3 AND name = 'kl'").fetchone()
+        steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE job_id = 5 AND name = 'kl'").fetchone()
     assert steps == (2,)
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys; from peft import PeftModel; from transformers import AutoModelForCausalLM; "
