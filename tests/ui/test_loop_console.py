@@ -68,7 +68,8 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
 
         history, settings, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
-        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1"]
+        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1 (head)"]
+        assert warnings.startswith("reward model v1: a head on the base's frozen features (kind \"head\"); it does not steer the loop yet")
         assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
         assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended
         assert newest["optimizer and settings"].startswith("PPO: steps 3,")
