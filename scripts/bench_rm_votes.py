@@ -5,8 +5,11 @@ prompts and MT-bench's) are split into training and held-out prompts. Both, and 
 hidden states at every layer (mean over the response and at its closing EOS), are cached once in
 TETHER_CACHE. Then, for every built-in judge, N in --votes and --draws draws: N votes on pairs of
 answers to the training prompts, cast through simulate's noise at --agreement (the T at which votes
-on those pairs side with the judge that often; ties are coin flips), and each arm fits a reward
-model on them. Each arm is scored on the held-out prompts' answers against the noiseless judge:
+on those pairs side with the judge that often, ties being coin flips; where ties put that out of
+reach, the T for the pairs the judge tells apart). As the queue serves them, --overlap-share of the
+pairs get two votes: a pair is resolved by its majority (a split one left out), and the flip rate
+measured from those pairs' agreement gives each label its confidence, as a project does. Each arm
+fits a reward model on them and is scored on the held-out prompts' answers against the noiseless judge:
 
     RM~judge   the within-prompt Pearson correlation of its scores with the judge's (both less their
                prompt's mean), over every held-out answer
@@ -15,8 +18,17 @@ model on them. Each arm is scored on the held-out prompts' answers against the n
 each as the mean over draws and its spread (standard deviation), with the fit's seconds and the
 arm's peak resident memory (each arm runs in its own process, the cached features loaded).
 
-    python scripts/bench_rm_votes.py                       # every arm, about 20 minutes once cached
-    python scripts/bench_rm_votes.py --arms head,lora --votes 96,288 --judges direct
+The arms: `head` (Tether's default: layers 0, 0.2, 0.4, 0.6 of the depth averaged over the answer,
+the prior by the evidence, Laplace draws, the flip rate in the likelihood), and beside it
+`head-plain` (every label taken as certain), `head-cv` (the prior by cross-validation),
+`head-bootstrap` (heads fitted to resamplings), `head-last-layer` (the last layer alone) and
+`head-last-token` (the last layer at the closing EOS, where a LoRA reward model reads); `lora` (the
+LoRA reward model with its defaults) and `lora-distilled` (the same, fitted to the votes and as many
+more pairs labelled by the head, each as sure as the head is).
+
+    python scripts/bench_rm_votes.py             # the head arms, every judge, N and draw
+    python scripts/bench_rm_votes.py --arms lora,lora-distilled --votes 96,288 --judges direct,polite
+    python scripts/bench_rm_votes.py --report      # the table of every fit recorded so far
 """
 
 import argparse
@@ -268,7 +280,7 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
         scores = judged(answers, judge_name)
         noise, _ = noise_for(pairs, scores, args.agreement)
         truth = [scores[i] for i in held]
-        for votes in map(int, args.votes.split(",")):
+        for votes in map(int, (args.lora_votes if name.startswith("lora") else args.votes).split(",")):
             for draw in range(draws):
                 cast, flip = draw_votes(pairs, scores, noise, votes, random.Random(f"{args.seed}-{judge_name}-{votes}-{draw}"),
                                         args.overlap_share, 2)
@@ -281,11 +293,12 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
 
 
 def measure(name: str, args: argparse.Namespace) -> tuple[list[dict], float]:
-    """Run an arm in a child process: its fits, and its peak resident memory in GB."""
+    """Run an arm in a child process: its fits, and its peak resident memory in GB; each fit appended to args.results
+    as it ends, so that a run cut short keeps what it measured."""
     import os
 
     command = [sys.executable, __file__, "--arm", name, "--judges", args.judges, "--votes", args.votes, "--draws", str(args.draws),
-               "--lora-draws", str(args.lora_draws), "--agreement", str(args.agreement), "--seed", str(args.seed),
+               "--lora-draws", str(args.lora_draws), "--lora-votes", args.lora_votes, "--agreement", str(args.agreement), "--seed", str(args.seed),
                "--overlap-share", str(args.overlap_share)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     fits = []
@@ -293,10 +306,24 @@ def measure(name: str, args: argparse.Namespace) -> tuple[list[dict], float]:
         fits.append(json.loads(line))
         print(f"  {name} {fits[-1]['judge']} N={fits[-1]['votes']} draw {fits[-1]['draw']}: RM~judge {fits[-1]['correlation']:.3f}, "
               f"{fits[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        with args.results.open("a") as results:
+            results.write(json.dumps({"arm": name, **fits[-1]}) + "\n")
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
         raise SystemExit(f"the {name} arm failed (wait status {status})")
+    with args.results.open("a") as results:
+        results.write(json.dumps({"arm": name, "peak_gb": usage.ru_maxrss / 2**20}) + "\n")
     return fits, usage.ru_maxrss / 2**20
+
+
+def recorded(path: Path) -> dict[str, tuple[list[dict], float]]:
+    """The arms' fits and peaks as a run appended them to `path`, several runs' together."""
+    results: dict[str, tuple[list[dict], float]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        fits, peak = results.get(row["arm"], ([], 0.0))
+        results[row["arm"]] = (fits + [row], peak) if "judge" in row else (fits, max(peak, row["peak_gb"]))
+    return results
 
 
 def summary_table(results: dict[str, tuple[list[dict], float]], judges: list[str], votes: list[int]) -> list[str]:
@@ -323,16 +350,26 @@ def main() -> None:
     parser.add_argument("--votes", default="48,96,288,864", help="comma-separated numbers of votes [default: 48,96,288,864]")
     parser.add_argument("--draws", type=int, default=5, help="draws of the votes for each judge and N [default: 5]")
     parser.add_argument("--lora-draws", type=int, default=1,
-                        help="draws for the LoRA arm, whose fits take minutes where a head's take a second [default: 1]")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms, of {', '.join(ARMS)} [default: all]")
+                        help="draws for the LoRA arms, whose fits take minutes where a head's take a second [default: 1]")
+    parser.add_argument("--lora-votes", default="96,288", help="comma-separated numbers of votes for the LoRA arms [default: 96,288]")
+    parser.add_argument("--arms", default=",".join(HEAD_ARMS),
+                        help=f"comma-separated arms, of {', '.join(ARMS)} [default: the heads'; a LoRA arm takes 6 to 15 minutes a fit here]")
     parser.add_argument("--agreement", type=float, default=0.7, help="share of votes siding with the judge [default: 0.7]")
     parser.add_argument("--overlap-share", type=float, default=0.2,
                         help="share of pairs voted on twice, as [queue] overlap_share, to measure the flip rate [default: 0.2]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the answers, the split and the votes [default: 0]")
+    parser.add_argument("--results", type=Path, default=Path("bench_rm_votes.jsonl"),
+                        help="JSON Lines file each fit is appended to as it ends [default: bench_rm_votes.jsonl]")
+    parser.add_argument("--report", action="store_true", help="print the table of what --results holds, and run nothing")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
         return run_arm(args.arm, args)
+    if args.report:
+        results = recorded(args.results)
+        judges = sorted({f["judge"] for fits, _ in results.values() for f in fits}, key=list(BUILT_IN).index)
+        votes = sorted({f["votes"] for fits, _ in results.values() for f in fits})
+        return print("\n".join(summary_table(results, judges, votes)))
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {', '.join(sorted(unknown))}: choose from {', '.join(ARMS)}")
@@ -349,6 +386,7 @@ def main() -> None:
         print(f"  {judge_name}: T = {noise:.3g} ({basis}); the judge ties {ties:.0%} of the training pairs")
     results = {name: measure(name, args) for name in args.arms.split(",")}
     print("\n".join(summary_table(results, judges, [int(n) for n in args.votes.split(",")])))
+    print(f"each fit is in {args.results}; --report prints the table of every run there")
     print(f"in {time.perf_counter() - started:.0f} s")
 
 

@@ -3,7 +3,7 @@
 import json
 import random
 from contextlib import closing
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pytest
 
