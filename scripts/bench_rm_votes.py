@@ -24,7 +24,9 @@ the prior by the evidence, Laplace draws, the flip rate in the likelihood), and 
 `head-bootstrap` (heads fitted to resamplings), `head-last-layer` (the last layer alone) and
 `head-last-token` (the last layer at the closing EOS, where a LoRA reward model reads); `lora` (the
 LoRA reward model with its defaults) and `lora-distilled` (the same, fitted to the votes and as many
-more pairs labelled by the head, each as sure as the head is).
+more pairs labelled by the head, each as sure as the head is). `ceiling` takes no votes: a ridge
+regression of the judge's own scores of every training answer on the head's features, its penalty
+chosen on the held-out answers, bounds what any linear reward on those features could show.
 
     python scripts/bench_rm_votes.py             # the head arms, every judge, N and draw
     python scripts/bench_rm_votes.py --arms lora,lora-distilled --votes 96,288 --judges direct,polite
@@ -180,7 +182,7 @@ HEAD_ARMS = {
     "head-last-layer": ((1,), "mean", "evidence", "laplace", True),
     "head-last-token": ((1,), "last", "evidence", "laplace", True),
 }
-ARMS = (*HEAD_ARMS, "lora", "lora-distilled")
+ARMS = (*HEAD_ARMS, "lora", "lora-distilled", "ceiling")
 HEADS = 4
 
 
@@ -203,6 +205,27 @@ def head_arm(name: str, answers: Answers, scored=None):
         return head.raw_scores(features[held]).mean(dim=1).tolist()
 
     return fit
+
+
+def ceiling_arm(answers: Answers, scores: list[float]):
+    """fit(votes) -> the held-out answers' rewards from no votes at all: a ridge regression of the judge's own scores of
+    every training answer on the head's features, its penalty the best of a grid on the held-out answers themselves.
+    An upper bound on what a linear reward on those features can show of the judge, with votes or without."""
+    import torch
+
+    from train.features import layer_indices
+
+    layers = list(layer_indices(HEAD_ARMS["head"][0], answers.states.shape[2] - 1))
+    features = answers.states[:, 0, layers].flatten(1).double()
+    held = held_out_answers(answers)
+    train = [i for i in range(len(answers.texts)) if not answers.held_out[i // ANSWERS_PER_PROMPT]]
+    features = (features - features[train].mean(dim=0)) / features[train].std(dim=0).clamp(min=1e-6)
+    x, y = features[train], torch.tensor([scores[i] for i in train], dtype=torch.float64)
+    truth, groups = [scores[i] for i in held], [i // ANSWERS_PER_PROMPT for i in held]
+    fits = [(features[held] @ torch.linalg.solve(x.T @ x + penalty * torch.eye(x.shape[1], dtype=torch.float64), x.T @ (y - y.mean()))).tolist()
+            for penalty in (1.0, 10.0, 100.0, 1e3, 1e4, 1e5)]
+    best = max(fits, key=lambda rewards: within_prompt_correlation(rewards, truth, groups))
+    return lambda votes: best
 
 
 def lora_arm(answers: Answers, distilled: bool = False):
@@ -272,12 +295,14 @@ def noise_for(pairs: list[tuple[int, int, int]], scores: list[float], agreement:
 def run_arm(name: str, args: argparse.Namespace) -> None:
     """One arm over every judge, N and draw, in this (child) process: a JSON line per fit, then its own summary."""
     answers = load_answers(args.seed)
-    fit = lora_arm(answers, distilled=name == "lora-distilled") if name.startswith("lora") else head_arm(name, answers)
     pairs, held = training_pairs(answers), held_out_answers(answers)
     groups = [i // ANSWERS_PER_PROMPT for i in held]
-    draws = args.lora_draws if name.startswith("lora") else args.draws
+    draws = args.lora_draws if name.startswith("lora") else 1 if name == "ceiling" else args.draws
+    fit = lora_arm(answers, distilled=name == "lora-distilled") if name.startswith("lora") else None
     for judge_name in args.judges.split(","):
         scores = judged(answers, judge_name)
+        if not name.startswith("lora"):
+            fit = ceiling_arm(answers, scores) if name == "ceiling" else head_arm(name, answers)
         noise, _ = noise_for(pairs, scores, args.agreement)
         truth = [scores[i] for i in held]
         for votes in map(int, (args.lora_votes if name.startswith("lora") else args.votes).split(",")):

@@ -145,9 +145,11 @@ class RewardModelConfig:
     )
     heads: int = field(
         default=4,
-        metadata={"help": "Scalar heads on the one LoRA adapter: an ensemble at about the cost of one model. Each head fits "
-                          "its own bootstrap resampling of the votes (each pair counted twice or not at all, per head), so "
-                          "where the votes say little the heads disagree. The reward is their mean and their spread is its "
+        metadata={"help": "The reward model's K heads, an ensemble whose mean is the reward. With kind 'head', K draws from "
+                          "the head's posterior, in pairs either side of its most probable head (so that their mean is it). "
+                          "With 'lora', K scalar heads on the one LoRA adapter, at about the cost of one model, each fitted to "
+                          "its own bootstrap resampling of the votes (each pair counted twice or not at all, per head). Either "
+                          "way, where the votes say little the heads disagree. The reward is their mean and their spread is its "
                           "uncertainty, which the 'active' queue asks people about first and which PPO's and GRPO's "
                           "uncertainty_penalty can subtract. A shared adapter keeps the cost of K separate models off; the "
                           "price is that the heads disagree less than fully separate models would (Dwaracherla et al. "

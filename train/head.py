@@ -270,7 +270,7 @@ def train_head_model(
     texts = [row.chosen for row in rows] + [row.rejected for row in rows]
     done = 0
 
-    def progress(count: int) -> None:
+    def progress(count: int) -> None:  # answers read so far, of at most every one asked for; the rest are cached
         nonlocal done
         done += count
         if on_progress is not None:
@@ -278,9 +278,11 @@ def train_head_model(
 
     cache = FeatureCache(cache_root if distributed.is_main() else None, reading)  # one process caches what all read
     features, computed, cached = cached_features(model, tokenizer, prompts, texts, spec, config.batch_size * 2, cache, uuid.uuid4().hex, progress)
-    feature_seconds = time.perf_counter() - started
+    progress(len(texts) - done)
+    feature_seconds = time.perf_counter() - started  # the base's load included
     chosen, rejected = features[: len(rows)], features[len(rows) :]  # (N, D) each
-    train, held, new = slice(0, len(train_rows)), slice(len(train_rows), len(train_rows) + len(eval_rows)), slice(len(train_rows) + len(eval_rows), len(rows))
+    ends = [len(train_rows), len(train_rows) + len(eval_rows), len(rows)]
+    train, held, new = slice(0, ends[0]), slice(ends[0], ends[1]), slice(ends[1], ends[2])
     fit_started = time.perf_counter()
     confidence = torch.tensor([row.confidence for row in train_rows])
     prompt_numbers: dict[str, int] = {}

@@ -209,7 +209,8 @@ class TetherConfig:
         metadata={"help": "The annotation app: guidelines, sign-in limits and sessions, uploads and exports, trusted sites."},
     )
     reward_model: RewardModelConfig = field(
-        default_factory=RewardModelConfig, metadata={"help": "The LoRA Bradley-Terry reward model trained on the votes."},
+        default_factory=RewardModelConfig,
+        metadata={"help": "The Bradley-Terry reward model fitted to the votes: a head on the base's features, or a LoRA model."},
     )
     ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"help": "PPO rounds: the policy against the reward model, tethered to v0."})
     dpo: DPOConfig = field(default_factory=DPOConfig, metadata={"help": "DPO rounds: the policy trained on the votes directly."})
