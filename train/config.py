@@ -123,8 +123,9 @@ class RewardModelConfig:
                           "frozen base model's features (its hidden states at feature_layers, averaged over the answer), each "
                           "answer's features computed once and cached; fitted in about a second, it learns from a few hundred "
                           "noisy votes what the LoRA model does not (on the default model at 288 votes siding 70% with a "
-                          "length-neutral judge, within-prompt correlation 0.39 to 0.61 with it against -0.05 to 0.15, "
-                          "scripts/BENCHMARKS.md). 'lora': a LoRA adapter and scalar heads trained on the votes (the "
+                          "length-neutral judge, within-prompt correlation with it of 0.39 to 0.63 on three of four judges, "
+                          "against 0.02 and 0.07 for the LoRA model; on the fourth, whose judge ties most answers, both stay "
+                          "near 0; scripts/BENCHMARKS.md). 'lora': a LoRA adapter and scalar heads trained on the votes (the "
                           "settings from lora_r on). 'auto': both, in one job; the one with the higher accuracy on the "
                           "held-out prompts' votes, which neither trained on, steers."},
     )
