@@ -186,16 +186,23 @@ ARMS = (*HEAD_ARMS, "lora", "lora-distilled", "ceiling")
 HEADS = 4
 
 
+def arm_features(name: str, answers: Answers):
+    """(answers, D): every answer's features as the head arm `name` reads them."""
+    from train.features import POOLINGS, layer_indices
+
+    fractions, pooling, *_ = HEAD_ARMS[name]
+    layers = list(layer_indices(fractions, answers.states.shape[2] - 1))
+    return answers.states[:, POOLINGS.index(pooling), layers].flatten(1)
+
+
 def head_arm(name: str, answers: Answers, scored=None):
     """fit(votes) -> the held-out answers' rewards (or those of `scored`), for a head arm: raw, the MAP head's."""
     import torch
 
-    from train.features import POOLINGS, layer_indices
     from train.head import fit_head
 
-    fractions, pooling, prior, posterior, noise_aware = HEAD_ARMS[name]
-    layers = list(layer_indices(fractions, answers.states.shape[2] - 1))
-    features = answers.states[:, POOLINGS.index(pooling), layers].flatten(1)  # (answers, D)
+    _, _, prior, posterior, noise_aware = HEAD_ARMS[name]
+    features = arm_features(name, answers)
     held = list(scored) if scored is not None else held_out_answers(answers)
 
     def fit(votes: list[Vote]) -> list[float]:
@@ -213,10 +220,7 @@ def ceiling_arm(answers: Answers, scores: list[float]):
     An upper bound on what a linear reward on those features can show of the judge, with votes or without."""
     import torch
 
-    from train.features import layer_indices
-
-    layers = list(layer_indices(HEAD_ARMS["head"][0], answers.states.shape[2] - 1))
-    features = answers.states[:, 0, layers].flatten(1).double()
+    features = arm_features("head", answers).double()
     held = held_out_answers(answers)
     train = [i for i in range(len(answers.texts)) if not answers.held_out[i // ANSWERS_PER_PROMPT]]
     features = (features - features[train].mean(dim=0)) / features[train].std(dim=0).clamp(min=1e-6)
@@ -297,15 +301,16 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
     answers = load_answers(args.seed)
     pairs, held = training_pairs(answers), held_out_answers(answers)
     groups = [i // ANSWERS_PER_PROMPT for i in held]
-    draws = args.lora_draws if name.startswith("lora") else 1 if name == "ceiling" else args.draws
-    fit = lora_arm(answers, distilled=name == "lora-distilled") if name.startswith("lora") else None
+    lora = name.startswith("lora")
+    draws = args.lora_draws if lora else 1 if name == "ceiling" else args.draws
+    fit = lora_arm(answers, distilled=name == "lora-distilled") if lora else head_arm(name, answers) if name in HEAD_ARMS else None
     for judge_name in args.judges.split(","):
         scores = judged(answers, judge_name)
-        if not name.startswith("lora"):
-            fit = ceiling_arm(answers, scores) if name == "ceiling" else head_arm(name, answers)
+        if name == "ceiling":  # fitted to each judge's own scores
+            fit = ceiling_arm(answers, scores)
         noise, _ = noise_for(pairs, scores, args.agreement)
         truth = [scores[i] for i in held]
-        for votes in map(int, (args.lora_votes if name.startswith("lora") else args.votes).split(",")):
+        for votes in map(int, (args.lora_votes if lora else args.votes).split(",")):
             for draw in range(draws):
                 cast, flip = draw_votes(pairs, scores, noise, votes, random.Random(f"{args.seed}-{judge_name}-{votes}-{draw}"),
                                         args.overlap_share, 2)
@@ -336,9 +341,10 @@ def measure(name: str, args: argparse.Namespace) -> tuple[list[dict], float]:
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
         raise SystemExit(f"the {name} arm failed (wait status {status})")
+    peak_gb = usage.ru_maxrss / 2**20
     with args.results.open("a") as results:
-        results.write(json.dumps({"arm": name, "peak_gb": usage.ru_maxrss / 2**20}) + "\n")
-    return fits, usage.ru_maxrss / 2**20
+        results.write(json.dumps({"arm": name, "peak_gb": peak_gb}) + "\n")
+    return fits, peak_gb
 
 
 def recorded(path: Path) -> dict[str, tuple[list[dict], float]]:
