@@ -8,10 +8,14 @@ EOS, so every response runs to --max-new-tokens, the same in every arm.
 
 For each model and each weight format (bf16; 4-bit NF4 through bitsandbytes, on CUDA only) it
 reports:
-- rm: reward-model training pairs/s (train_reward_model, one epoch over --pairs synthetic pairs
-  of the demo prompts) and peak GPU memory;
-- ppo: PPO's generated tokens/s over --steps steps (train_ppo against the reward model the rm
-  arm trained), the share of step time spent generating, and peak GPU memory;
+- rm: the LoRA reward model's training pairs/s (train_reward_model, one epoch over --pairs
+  synthetic pairs of the demo prompts) and peak GPU memory;
+- head: the few-vote reward model, [reward_model] kind = "head" (train_head_model on the same
+  pairs): seconds for the whole job (the base's load, every answer's features, the fit), of them
+  the fit's, and peak GPU memory;
+- ppo: PPO's generated tokens/s over --steps steps (train_ppo against the rm arm's LoRA reward
+  model, as TRL's arm reads it; with --ppo-reward head, against the head arm's, the product's
+  default), the share of step time spent generating, and peak GPU memory;
 - generate: Tether's generate() tokens/s against model.generate on the same batches, same
   sampling, in one process (target: >= 0.9x).
 Then, on the 1B model in bf16, TRL 1.12.0's PPOTrainer with the same settings (scripts/bench_ppo.py's
@@ -50,6 +54,7 @@ SHAPES = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},
 }
 FORMATS = {"bf16": "none", "4bit": "4bit"}  # name -> [model] quantization, both on bfloat16 weights
+ARMS = ("rm", "head", "ppo", "generate")
 
 
 def prompts() -> list[list[dict]]:
@@ -108,6 +113,16 @@ def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
     metrics = train_reward_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))
     return {"pairs_per_second": metrics["pairs_per_second"], "peak_gpu_gb": peak_gpu_gb()}
+
+
+def arm_head(model_dir: Path, out: Path, quantization: str, options) -> dict:
+    from train.config import ModelConfig, RewardModelConfig
+    from train.head import train_head_model
+
+    config = RewardModelConfig(kind="head", batch_size=options.rm_batch_size, max_length=options.rm_max_length)
+    rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
+    metrics = train_head_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))
+    return {"seconds": metrics["seconds"], "fit_seconds": metrics["train_seconds"], "peak_gpu_gb": peak_gpu_gb()}
 
 
 def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> dict:
@@ -205,6 +220,10 @@ def main() -> None:
     parser.add_argument("--minibatch-size", type=int, default=8, help="PPO responses an optimiser step [default: 8]")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="response length, PPO and generation [default: 128]")
     parser.add_argument("--generate-batch", type=int, default=64, help="generation batch [default: 64]")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                        help="which arms run [default: all]; ppo needs the reward model it reads")
+    parser.add_argument("--ppo-reward", choices=["lora", "head"], default="lora",
+                        help="the reward model PPO optimises: the rm arm's LoRA model, as TRL's arm does, or the head arm's [default: lora]")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -217,6 +236,10 @@ def main() -> None:
         options.max_new_tokens, options.generate_batch = min(options.max_new_tokens, 16), min(options.generate_batch, 8)
     if options.arm:
         return print(json.dumps(child(options)))
+    if "ppo" in options.arms and {"lora": "rm", "head": "head"}[options.ppo_reward] not in options.arms:
+        parser.error(f"--arms ppo with --ppo-reward {options.ppo_reward} needs the arm that trains that reward model")
+    if not options.skip_trl and (options.ppo_reward != "lora" or not {"rm", "ppo"} <= set(options.arms)):
+        parser.error("TRL's arm reads the rm arm's reward model and compares with the ppo arm on it: give --skip-trl")
 
     import torch
 
@@ -229,7 +252,7 @@ def main() -> None:
             model_dir = work / size
             run_child(options, "build", model_dir, work, "none")
             for name, quantization in formats.items():
-                for arm in ("rm", "ppo", "generate"):
+                for arm in options.arms:
                     results[size, name, arm] = run_child(options, arm, model_dir, work / f"{size}-{name}", quantization)
             if not options.skip_trl and size in ("1B", "tiny"):
                 results[size, "bf16", "trl"] = run_trl(options, model_dir, work / f"{size}-bf16")
@@ -259,8 +282,10 @@ def child(options) -> dict:
         return {}
     if options.arm == "rm":
         return arm_rm(model_dir, workdir / "reward", quantization, options)
+    if options.arm == "head":
+        return arm_head(model_dir, workdir / "head", quantization, options)
     if options.arm == "ppo":
-        return arm_ppo(model_dir, workdir / "reward", quantization, options)
+        return arm_ppo(model_dir, workdir / ("head" if options.ppo_reward == "head" else "reward"), quantization, options)
     if options.arm == "generate":
         return arm_generate(model_dir, quantization, options)
     if options.arm == "trl-setup":
@@ -284,22 +309,27 @@ def report(options, results: dict, device: str, formats: dict) -> None:
     def memory(r: dict) -> float:
         return r["peak_gpu_gb"] if r.get("peak_gpu_gb") is not None else r["peak_gb"]
 
+    def cells(size: str, name: str) -> list[str]:
+        rm, head, ppo, gen = (results.get((size, name, arm)) for arm in ARMS)
+        return [f"{rm['pairs_per_second']:10.2f} {memory(rm):7.2f}" if rm else f"{'-':>10} {'-':>7}",
+                f"{head['seconds']:7.1f} {head['fit_seconds']:6.2f} {memory(head):7.2f}" if head else f"{'-':>7} {'-':>6} {'-':>7}",
+                f"{ppo['tokens_per_second']:9.1f} {ppo['generate_share']:9.0%} {memory(ppo):8.2f}" if ppo else f"{'-':>9} {'-':>9} {'-':>8}",
+                f"{gen['tokens_per_second']:9.1f} {gen['raw_tokens_per_second']:9.1f} {gen['tokens_per_second'] / gen['raw_tokens_per_second']:6.2f}x"
+                if gen else f"{'-':>9} {'-':>9} {'-':>7}"]
+
     memory_kind = "peak GPU GB" if "CPU" not in device else "peak RSS GB"
     print(f"{device}; PPO: {options.steps} steps of {options.batch_size} responses, minibatch {options.minibatch_size}, "
-          f"{options.max_new_tokens} new tokens; reward model: {options.pairs} pairs, batch {options.rm_batch_size}, "
-          f"max_length {options.rm_max_length}; generation batch {options.generate_batch}")
-    print(f"{'model':6} {'format':6} {'RM pairs/s':>10} {'RM mem':>7} {'PPO tok/s':>9} {'gen share':>9} {'PPO mem':>8} "
-          f"{'gen tok/s':>9} {'raw tok/s':>9} {'gen/raw':>7}   ({memory_kind})")
+          f"{options.max_new_tokens} new tokens, reward model {options.ppo_reward}; reward models: {options.pairs} pairs, "
+          f"batch {options.rm_batch_size}, max_length {options.rm_max_length}; generation batch {options.generate_batch}")
+    print(f"{'model':6} {'format':6} {'RM pairs/s':>10} {'RM mem':>7} {'head s':>7} {'fit s':>6} {'hd mem':>7} {'PPO tok/s':>9} "
+          f"{'gen share':>9} {'PPO mem':>8} {'gen tok/s':>9} {'raw tok/s':>9} {'gen/raw':>7}   ({memory_kind})")
     for size in options.sizes:
         for name in formats:
-            rm, ppo, gen = (results[size, name, arm] for arm in ("rm", "ppo", "generate"))
-            print(f"{size:6} {name:6} {rm['pairs_per_second']:10.2f} {memory(rm):7.2f} {ppo['tokens_per_second']:9.1f} "
-                  f"{ppo['generate_share']:9.0%} {memory(ppo):8.2f} {gen['tokens_per_second']:9.1f} {gen['raw_tokens_per_second']:9.1f} "
-                  f"{gen['tokens_per_second'] / gen['raw_tokens_per_second']:6.2f}x")
+            print(f"{size:6} {name:6} " + " ".join(cells(size, name)))
     for size in options.sizes:
         for name in formats:
-            gen = results[size, name, "generate"]
-            print(f"generation / raw generate, {size} {name}: {gen['tokens_per_second'] / gen['raw_tokens_per_second']:.2f}x (target >= 0.9x)")
+            if gen := results.get((size, name, "generate")):
+                print(f"generation / raw generate, {size} {name}: {gen['tokens_per_second'] / gen['raw_tokens_per_second']:.2f}x (target >= 0.9x)")
     trl_size = next((s for s in options.sizes if (s, "bf16", "trl") in results), None)
     if trl_size:
         ours, trl = results[trl_size, "bf16", "ppo"], results[trl_size, "bf16", "trl"]
@@ -307,9 +337,10 @@ def report(options, results: dict, device: str, formats: dict) -> None:
         print(f"PPO throughput tether / TRL, {trl_size} bf16: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
         print(f"PPO peak memory tether / TRL, {trl_size} bf16: {memory(ours) / memory(trl):.2f}x (target <= 0.7x)")
     if "4bit" in formats and "3B" in options.sizes:
-        for arm in ("rm", "ppo"):
-            ratio = memory(results["3B", "4bit", arm]) / memory(results["3B", "bf16", arm])
-            print(f"4-bit / bf16 peak memory, 3B {arm}: {ratio:.2f}x (target <= 0.45x)")
+        for arm in ("rm", "head", "ppo"):
+            if arm in options.arms:
+                ratio = memory(results["3B", "4bit", arm]) / memory(results["3B", "bf16", arm])
+                print(f"4-bit / bf16 peak memory, 3B {arm}: {ratio:.2f}x (target <= 0.45x)")
 
 
 if __name__ == "__main__":

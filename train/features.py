@@ -85,7 +85,8 @@ def pool(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...], pooli
     sequence's `lengths` tokens end with its `response_tokens` response tokens."""
     states = torch.stack([hidden_states[layer] for layer in layers], dim=1).float()  # (B, L, T, H)
     positions = torch.arange(states.shape[2], device=states.device)  # (T,)
-    ends, starts = lengths.to(states.device), (lengths - response_tokens).to(states.device)  # (B,)
+    ends = lengths.to(states.device)  # (B,); PPO's masks are on the model's device, the token counts on the CPU
+    starts = ends - response_tokens.to(states.device)
     response = ((positions >= starts[:, None]) & (positions < ends[:, None])).float()  # (B, T)
     mean = torch.einsum("blth,bt->blh", states, response) / response.sum(dim=1)[:, None, None]
     last = states[torch.arange(states.shape[0]), :, ends - 1]  # (B, L, H)

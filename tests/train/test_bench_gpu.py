@@ -12,10 +12,13 @@ def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("CPU (4-bit needs CUDA: left out)"), done.stdout
-    # model, format, RM pairs/s, RM memory, PPO tokens/s, generation share, PPO memory, gen tokens/s, raw tokens/s, ratio
-    row = re.search(r"^tiny +bf16 +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)% +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x$", done.stdout, re.M)
+    # model, format, RM pairs/s, RM memory, head seconds, its fit's, head memory, PPO tokens/s, generation share, PPO memory,
+    # gen tokens/s, raw tokens/s, ratio
+    row = re.search(r"^tiny +bf16 +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)% +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x$",
+                    done.stdout, re.M)
     assert row, done.stdout
-    rm_pairs, rm_memory, ppo_tokens, generate_share, ppo_memory, ours, raw, ratio = map(float, row.groups())
-    assert min(rm_pairs, rm_memory, ppo_tokens, ppo_memory, ours, raw) > 0 and 0 < generate_share < 100
+    rm_pairs, rm_memory, head_seconds, fit_seconds, head_memory, ppo_tokens, generate_share, ppo_memory, ours, raw, ratio = map(float, row.groups())
+    assert min(rm_pairs, rm_memory, head_seconds, head_memory, ppo_tokens, ppo_memory, ours, raw) > 0 and 0 < generate_share < 100
+    assert fit_seconds <= head_seconds  # the fit is part of the head's job
     assert abs(ratio - ours / raw) < 0.02  # its ratio is of the unrounded rates
     assert "process 0 of 1: 16 rows fitted" in done.stderr and "process 0 of 1: 8 responses sampled over 2 steps" in done.stderr

@@ -3,7 +3,7 @@
 import torch
 from peft import LoraConfig, get_peft_model
 
-from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, pooled_states, response_features
+from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, pool, pooled_states, response_features
 from train.head import fit_head
 from train.reward_model import encode
 
@@ -81,6 +81,14 @@ def test_features_are_the_base_states_averaged_over_the_answer_whatever_the_batc
     with torch.no_grad():
         assert not torch.allclose(policy(torch.tensor([[1, 2, 3]])).logits, base_logits)
     assert torch.allclose(response_features(policy, tokenizer, prompts, ANSWERS, spec, batch_size=1), batched, atol=1e-5)
+
+
+def test_pooling_reads_states_on_the_models_device_with_the_token_counts_on_the_cpu():
+    # As PPO's scoring calls it on a GPU (the H100 run found it failing there); "meta" stands in for a second device.
+    states = tuple(torch.zeros(2, 5, 4, device="meta") for _ in range(3))
+    lengths = torch.tensor([5, 3], device="meta")
+    pooled = pool(states, (0, 2), ("mean", "last"), lengths, torch.tensor([2, 1]))
+    assert pooled.shape == (2, 2, 2, 4) and pooled.device.type == "meta"
 
 
 def test_each_answer_is_read_once_and_cached_per_reading(tiny_model_dir, tmp_path):
