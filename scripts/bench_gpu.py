@@ -55,6 +55,7 @@ SHAPES = {
 }
 FORMATS = {"bf16": "none", "4bit": "4bit"}  # name -> [model] quantization, both on bfloat16 weights
 ARMS = ("rm", "head", "ppo", "generate")
+REWARD_ARMS = {"lora": "rm", "head": "head"}  # --ppo-reward -> the arm that trains it, in the folder of its name
 
 
 def prompts() -> list[list[dict]]:
@@ -222,7 +223,7 @@ def main() -> None:
     parser.add_argument("--generate-batch", type=int, default=64, help="generation batch [default: 64]")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
                         help="which arms run [default: all]; ppo needs the reward model it reads")
-    parser.add_argument("--ppo-reward", choices=["lora", "head"], default="lora",
+    parser.add_argument("--ppo-reward", choices=list(REWARD_ARMS), default="lora",
                         help="the reward model PPO optimises: the rm arm's LoRA model, as TRL's arm does, or the head arm's [default: lora]")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
@@ -236,7 +237,7 @@ def main() -> None:
         options.max_new_tokens, options.generate_batch = min(options.max_new_tokens, 16), min(options.generate_batch, 8)
     if options.arm:
         return print(json.dumps(child(options)))
-    if "ppo" in options.arms and {"lora": "rm", "head": "head"}[options.ppo_reward] not in options.arms:
+    if "ppo" in options.arms and REWARD_ARMS[options.ppo_reward] not in options.arms:
         parser.error(f"--arms ppo with --ppo-reward {options.ppo_reward} needs the arm that trains that reward model")
     if not options.skip_trl and (options.ppo_reward != "lora" or not {"rm", "ppo"} <= set(options.arms)):
         parser.error("TRL's arm reads the rm arm's reward model and compares with the ppo arm on it: give --skip-trl")
@@ -281,15 +282,15 @@ def child(options) -> dict:
         shutil.rmtree(model_dir)
         return {}
     if options.arm == "rm":
-        return arm_rm(model_dir, workdir / "reward", quantization, options)
+        return arm_rm(model_dir, workdir / "rm", quantization, options)
     if options.arm == "head":
         return arm_head(model_dir, workdir / "head", quantization, options)
     if options.arm == "ppo":
-        return arm_ppo(model_dir, workdir / ("head" if options.ppo_reward == "head" else "reward"), quantization, options)
+        return arm_ppo(model_dir, workdir / REWARD_ARMS[options.ppo_reward], quantization, options)
     if options.arm == "generate":
         return arm_generate(model_dir, quantization, options)
     if options.arm == "trl-setup":
-        return arm_trl_setup(model_dir, workdir / "reward", workdir / "trl")
+        return arm_trl_setup(model_dir, workdir / "rm", workdir / "trl")
     raise SystemExit(f"unknown arm {options.arm}")
 
 
