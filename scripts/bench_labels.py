@@ -5,8 +5,10 @@ simulate` for the same rounds, with simulated annotators whose votes side with t
 --agreement of the time on the starting policy's pairs, and the same evaluation prompts. The arms:
 
     today   random pairs, one reward-model head, PPO: the defaults before the label-efficiency work
-    new     the shipped defaults, as `tether init` writes them
-    dpo     the shipped defaults with DPO rounds on human pairs and pairs the reward model ranks
+    new     the shipped defaults, as `tether init` writes them ([round] optimizer = "auto")
+    dpo     the shipped defaults with DPO rounds on human pairs and pairs the reward model ranks, its loss robust
+            DPO at the measured flip rate ([dpo] label_smoothing = "auto")
+    plain   as dpo, with plain DPO's loss ([dpo] label_smoothing = 0)
     half    the shipped defaults at half the votes a round: do they reach today's win rate with half?
 
 One table follows: each round's judge win rate over v0 with its 95% interval, the KL to v0 on the
@@ -35,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from ui.owner.config import load_config, write_config  # noqa: E402  (the repository root, not an installed copy)
 
-ARMS = ("today", "new", "dpo", "half")
+ARMS = ("today", "new", "dpo", "plain", "half")
 JUDGES = ("concise", "direct", "polite")
 
 
@@ -54,7 +56,12 @@ def rm_ranked_dpo(config):
                                dpo=dataclasses.replace(config.dpo, pairs="both"))
 
 
-SETTINGS = {"today": today, "dpo": rm_ranked_dpo}  # an arm's changes to the shipped settings
+def plain_dpo(config):
+    config = rm_ranked_dpo(config)
+    return dataclasses.replace(config, dpo=dataclasses.replace(config.dpo, label_smoothing=0.0))
+
+
+SETTINGS = {"today": today, "dpo": rm_ranked_dpo, "plain": plain_dpo}  # an arm's changes to the shipped settings
 
 
 def main() -> None:
@@ -102,7 +109,7 @@ def main() -> None:
     print()
     print(f"agreement {args.agreement}, {args.annotators} annotators, {args.labels_per_round} votes a round ({args.labels_per_round // 2} "
           f"in the half arm), {eval_count} evaluation prompts, model {args.model}")
-    print("judge    arm    round  optimizer  strategy  judge win rate over v0 [95% CI]  KL to v0 (budget)  votes  ended  RM~judge  wall s")
+    print("judge    arm    round  optimizer  smoothing  strategy  judge win rate over v0 [95% CI]  KL to v0 (budget)  votes  ended  RM~judge  wall s")
     totals = {}
     for (judge, arm), (figures, budget) in results.items():
         votes = 0
@@ -111,9 +118,14 @@ def main() -> None:
             wall = r["seconds"] - r["stages"].get("evaluation", 0)
             totals[judge, arm] = totals.get((judge, arm), 0) + wall
             follows = "" if r["reward_model_follows_judge"] is None else f"{r['reward_model_follows_judge']:.2f}"
-            print(f"{judge:>7}  {arm:>5}  {r['round']:>5}  {r['optimizer']:>9}  {r['strategy']:>8}  "
+            smoothing = "" if r.get("label_smoothing") is None else f"{r['label_smoothing']:.2f}"
+            print(f"{judge:>7}  {arm:>5}  {r['round']:>5}  {r['optimizer']:>9}  {smoothing:>9}  {r['strategy']:>8}  "
                   f"{r['win_rate']:>13.1%} [{r['low']:.1%}, {r['high']:.1%}]  {r['kl_to_v0']:>8.2f} ({budget:g})  "
                   f"{votes:>5}  {r['ended']:>5.0%}  {follows:>8}  {wall:>6.0f}")
+    for (judge, arm), (figures, _) in results.items():
+        for r in figures:
+            if r.get("why"):
+                print(f"{judge} {arm} round {r['round']}: {r['why']}")
     for (judge, arm), total in totals.items():
         ratio = f", {total / totals[judge, 'today']:.2f} of today's" if (judge, "today") in totals and arm != "today" else ""
         print(f"{judge} {arm}: {len(results[judge, arm][0])} rounds took {total:.0f} s{ratio}")

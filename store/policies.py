@@ -80,3 +80,19 @@ def policy_versions(con: Connection) -> list[int]:
 
 def reward_model_versions(con: Connection) -> list[int]:
     return [row[0] for row in con.execute("SELECT version FROM reward_models ORDER BY version").fetchall()]
+
+
+def dpo_jobs_behind(con: Connection, version: int) -> list[int]:
+    """The DPO jobs whose pairs are in a policy version's adapter: those that trained it or a version it descends from
+    (a rollback's copy descends from the version it copies)."""
+    return [job for (job,) in con.execute(
+        """
+        WITH RECURSIVE lineage(version, parent, round) AS (
+            SELECT version, parent, round FROM policies WHERE version = ?
+            UNION ALL
+            SELECT p.version, p.parent, p.round FROM policies p JOIN lineage l ON p.version = l.parent
+        )
+        SELECT j.id FROM lineage l JOIN jobs j ON j.round = l.round AND j.kind = 'dpo' AND j.status = 'done' ORDER BY j.id
+        """,
+        [version],
+    ).fetchall()]

@@ -18,10 +18,11 @@ class Round:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
-    optimizer: str  # ppo, dpo or grpo
+    optimizer: str  # auto (until it has chosen), ppo, dpo or grpo
+    note: str | None  # what the round decided on its own, and why
 
 
-_COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_start, error, created_at, finished_at, optimizer"
+_COLUMNS = "id, status, policy_from, reward_version, policy_to, comparisons_at_start, error, created_at, finished_at, optimizer, note"
 
 
 def comparisons_made(con: Connection) -> int:
@@ -29,15 +30,15 @@ def comparisons_made(con: Connection) -> int:
     return con.execute("SELECT count(*) FROM comparisons WHERE source NOT IN ('import', 'ai')").fetchone()[0]
 
 
-def add_round(con: Connection, policy_from: int, reward_version: int | None, optimizer: str = "ppo") -> Round:
+def add_round(con: Connection, policy_from: int, reward_version: int | None, optimizer: str = "ppo", note: str | None = None) -> Round:
     if (running := running_round(con)) is not None:
         raise StoreError(f"round {running.id} is still running: cancel it or wait for it to finish")
     row = con.execute(
         f"""
-        INSERT INTO rounds (status, policy_from, reward_version, comparisons_at_start, optimizer)
-        VALUES ('running', ?, ?, ?, ?) RETURNING {_COLUMNS}
+        INSERT INTO rounds (status, policy_from, reward_version, comparisons_at_start, optimizer, note)
+        VALUES ('running', ?, ?, ?, ?, ?) RETURNING {_COLUMNS}
         """,
-        [policy_from, reward_version, comparisons_made(con), optimizer],
+        [policy_from, reward_version, comparisons_made(con), optimizer, note],
     ).fetchone()
     return Round(*row)
 
@@ -73,6 +74,11 @@ def scheduled_round_due(con: Connection, every: int) -> bool:
 
 def set_reward_version(con: Connection, round_id: int, version: int) -> None:
     con.execute("UPDATE rounds SET reward_version = ? WHERE id = ?", [version, round_id])
+
+
+def set_choice(con: Connection, round_id: int, optimizer: str, note: str) -> None:
+    """Record what a round decided on its own: the optimiser it runs, and why."""
+    con.execute("UPDATE rounds SET optimizer = ?, note = concat_ws('; ', note, ?) WHERE id = ?", [optimizer, note, round_id])
 
 
 def set_policy_to(con: Connection, round_id: int, version: int) -> None:

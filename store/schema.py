@@ -242,4 +242,9 @@ MIGRATIONS = [
             UNIQUE (pair_id, annotator)
         );
     """),
+    Migration(10, "why a round ran as it did", """
+        -- What a round decided on its own, in words: which optimiser [round] optimizer = 'auto' chose and why, or
+        -- the reward model it reused because the votes held nothing new for one. NULL when it decided nothing.
+        ALTER TABLE rounds ADD COLUMN note VARCHAR;
+    """),
 ]

@@ -54,3 +54,8 @@ def vote_row(pair_id: int, annotator: str, choice: str, strength: str | None, co
 def insert_votes(con: Connection, rows: list[tuple]) -> None:
     """Store comparisons, each a vote_row."""
     insert_values(con, "comparisons (pair_id, annotator, choice, strength, comment, elapsed_ms, client_token, source, created_at)", rows)
+
+
+def pairs_voted_by(con: Connection, source: str) -> int:
+    """How many pairs hold a vote from `source`: 'import' (imported preferences) or 'ai' (the AI judge)."""
+    return con.execute("SELECT count(DISTINCT pair_id) FROM comparisons WHERE source = ?", [source]).fetchone()[0]

@@ -213,7 +213,12 @@ class RewardModelConfig:
                           "of the prompt, so a prompt stays on its side in every version."},
     )
     seed: int = field(default=0, metadata={"help": "Random seed for the head's initialisation, the replay sample and the batch order."})
-    include_imported: bool = field(default=False, metadata={"help": "Also train on imported preference data, not only the project's votes."})
+    include_imported: bool = field(
+        default=False,
+        metadata={"help": "Also train on imported preference data (`tether import-prefs`), not only the project's votes: the "
+                          "reward model, and DPO, which learns each imported pair once, in the first round whose policy "
+                          "has not trained on it yet."},
+    )
     ai_votes: str = field(
         default="off",
         metadata={"help": "What the AI judge's votes (`tether judge`, source 'ai') do in reward-model and DPO training: "
@@ -356,10 +361,12 @@ class PPOConfig:
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss beside the policy loss."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip of each update."})
     uncertainty_penalty: float = field(
-        default=0.0,
+        default=1.0,
         metadata={"help": "k in reward = mean - k * std of the reward model's heads: a response the heads disagree on earns "
                           "less, so the policy is not pulled to where the votes said little and the reward model guesses "
-                          "(conservative reward, Coste et al. 2024). 0 turns it off; the spread is in normalised units."},
+                          "(conservative reward; Coste et al. 2024 found it stops over-optimisation at 25% label noise). "
+                          "1 takes a response's reward one standard deviation of the heads below their mean; 0 turns it off. "
+                          "The spread is in normalised units, as the reward is."},
     )
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
@@ -455,10 +462,12 @@ class GRPOConfig:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0); later rounds keep their adapter's."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of a new policy adapter."})
     uncertainty_penalty: float = field(
-        default=0.0,
+        default=1.0,
         metadata={"help": "k in reward = mean - k * std of the reward model's heads: a response the heads disagree on earns "
                           "less, so the policy is not pulled to where the votes said little and the reward model guesses "
-                          "(conservative reward, Coste et al. 2024). 0 turns it off; the spread is in normalised units."},
+                          "(conservative reward; Coste et al. 2024 found it stops over-optimisation at 25% label noise). "
+                          "1 takes a response's reward one standard deviation of the heads below their mean; 0 turns it off. "
+                          "The spread is in normalised units, as the reward is."},
     )
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
@@ -533,6 +542,15 @@ class DPOConfig:
                           "from: on-policy, as iterative DPO trains; the earlier rounds' pairs are already in the adapter it "
                           "continues, and a round costs the same however many came before) or 'all' (every round's)."},
     )
+    label_smoothing: float | str = field(
+        default="auto",
+        metadata={"help": "The share of the pairs' labels taken to be flipped, which robust DPO corrects for (Chowdhury et al. "
+                          "2024, TRL's loss_type 'robust': each pair's loss is unbiased for the loss on its true label, its "
+                          "variance growing as 1 / (1 - 2e)). 'auto': the expected share of wrong labels among the round's "
+                          "pairs from the votes, at the flip rate measured from how often annotators agree ([reward_model] "
+                          "flip_rate), a pair two agreeing votes decided counting less than one vote's; a number from 0 to "
+                          "below 0.5 fixes it by hand; 0 is plain DPO."},
+    )
     epochs: int = field(
         default=1,
         metadata={"help": "Passes over the round's pairs. One: each round brings new pairs, and a few dozen pairs seen "
@@ -576,6 +594,8 @@ class DPOConfig:
             raise ValueError(f"prompts must be at least 1 and candidates at least 2, got {self.prompts} and {self.candidates}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        if self.label_smoothing != "auto" and (isinstance(self.label_smoothing, str) or not 0 <= self.label_smoothing < 0.5):
+            raise ValueError(f"label_smoothing must be 'auto' or a number from 0 to below 0.5, got {self.label_smoothing!r}")
         for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -51,9 +51,23 @@ def ranked_pairs(
         if texts[best][0] == texts[worst][0]:
             continue
         margins = torch.tensor(raw[best], dtype=torch.float64) - torch.tensor(raw[worst], dtype=torch.float64)
-        if torch.sigmoid(margins).mean().item() >= confidence:
-            rows.append(PreferenceRow(prompt, texts[best][0], texts[worst][0], texts[best][1], texts[worst][1]))
+        probability = torch.sigmoid(margins).mean().item()
+        if probability >= confidence:
+            rows.append(PreferenceRow(prompt, texts[best][0], texts[worst][0], texts[best][1], texts[worst][1], confidence=probability))
     return rows
+
+
+# Robust DPO divides each pair's loss by 1 - 2e: this keeps a round's gradients within 5 times plain DPO's, where
+# the flip rate's own cap (annotate.agreement.MAX_FLIP_RATE) would allow 10.
+MAX_LABEL_SMOOTHING = 0.4
+
+
+def label_smoothing(rows: list[PreferenceRow], setting: float | str) -> float:
+    """[dpo] label_smoothing for these rows: the number set, or with 'auto' the expected share of wrong labels among
+    them, each row wrong with 1 less the probability its votes (or the reward model's heads) give its label."""
+    if setting != "auto":
+        return setting
+    return min(sum(1 - r.confidence for r in rows) / len(rows), MAX_LABEL_SMOOTHING) if rows else 0.0
 
 
 def encode_pair(tokenizer: PreTrainedTokenizerBase, row: PreferenceRow) -> dict[str, list[int]]:
@@ -103,9 +117,11 @@ def train_dpo(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"{out_dir} already exists and is not empty")
     encoded = [encode_pair(tokenizer, r) for r in rows]
-    kept = [e for e in encoded if len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) <= config.max_length]
+    fits = [len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) <= config.max_length for e in encoded]
+    kept = [e for e, fit in zip(encoded, fits) if fit]
     if not kept:
         raise ModelError(f"none of the {len(rows)} preference pairs fits in [dpo] max_length = {config.max_length} tokens")
+    smoothing = label_smoothing([row for row, fit in zip(rows, fits) if fit], config.label_smoothing)
     model = prepare_for_training(model)  # a quantised base as PPO and the reward model have it (PEFT's k-bit recipe)
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
@@ -115,6 +131,9 @@ def train_dpo(
         args = TRLDPOConfig(
             **trainer_settings(scratch, config.seed, config.precision, on_cpu),
             beta=config.beta,
+            # Robust DPO (rDPO) where labels may be flipped: unbiased for the loss on the true labels. Plain DPO at 0.
+            loss_type=["robust" if smoothing else "sigmoid"],
+            label_smoothing=smoothing,
             num_train_epochs=config.epochs,
             per_device_train_batch_size=config.batch_size // processes,
             learning_rate=config.learning_rate,
@@ -130,4 +149,4 @@ def train_dpo(
     distributed.report_share(len(kept), "preference pairs")
     if distributed.is_main():
         save_adapter(trainer, out_dir, "dpo_config.json", asdict(config))
-    return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept)}
+    return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept), "label_smoothing": smoothing}

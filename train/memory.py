@@ -234,10 +234,11 @@ class Estimator:
         return self.job("GRPO", self.weights(training=True), adapters, max(update, rollout))
 
     def round(self, optimizer: str) -> list[JobMemory]:
-        """The jobs of a round with `optimizer`, in order."""
-        trains = {"ppo": self.ppo, "dpo": self.dpo, "grpo": self.grpo}[optimizer]()
+        """The jobs of a round with `optimizer`, in order; with 'auto', both it may choose between after the reward model."""
+        jobs = {"ppo": self.ppo, "dpo": self.dpo, "grpo": self.grpo}
+        trains = [jobs[self.config.round.trusted_optimizer](), self.dpo()] if optimizer == "auto" else [jobs[optimizer]()]
         first = [] if optimizer == "dpo" and self.config.dpo.pairs == "human" else [self.reward_model()]
-        return first + [trains, self.generation()]
+        return first + trains + [self.generation()]
 
 
 # What lowers each job's peak, for a round that would not fit.
@@ -293,13 +294,15 @@ HEADROOM = 0.9
 
 
 def fit_to_memory(config, optimizer: str, on_gpu: bool, available_gb: float) -> list[str]:
-    """Lower the settings of a round's largest job, a step at a time, until the round's expected peak for the longest
-    prompts the settings allow is within HEADROOM of `available_gb`, or nothing more can be lowered; each change, in
-    words, the last of each setting. The reward model's batches keep their size through gradient accumulation."""
+    """Lower the settings of a round's largest job, a step at a time, until every job's expected peak for the longest
+    prompts the settings allow is within HEADROOM of `available_gb`, or nothing more can be lowered in any job over it;
+    each change, in words, the last of each setting. The reward model's batches keep their size through gradient
+    accumulation."""
     changes: dict[str, str] = {}
     while True:
-        largest = max(round_memory(config, optimizer, [], on_gpu)[0], key=lambda job: job.peak)
-        change = _lower(config, largest.job) if largest.peak > HEADROOM * available_gb * GB else None
+        jobs = sorted(round_memory(config, optimizer, [], on_gpu)[0], key=lambda job: job.peak, reverse=True)
+        over = [job.job for job in jobs if job.peak > HEADROOM * available_gb * GB]
+        change = next(filter(None, (_lower(config, job) for job in over)), None)  # the largest that can still be lowered
         if change is None:
             return list(changes.values())
         changes[change.split(" = ")[0]] = change

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from train.config import DPOConfig, ModelConfig
-from train.dpo import encode_pair, ranked_pairs, train_dpo
+from train.dpo import MAX_LABEL_SMOOTHING, encode_pair, label_smoothing, ranked_pairs, train_dpo
 from train.models import load_model
 from train.snapshot import PreferenceRow
 
@@ -63,6 +63,26 @@ def test_rounds_continue_from_the_policy_raise_the_chosen_and_load_with_plain_pe
     assert margin(v2, tokenizer) > after_one
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_label_smoothing_trains_with_the_robust_loss_and_zero_with_plain_dpo(tiny_model_dir, tmp_path, smoothing):
+    """rDPO's loss at each step's margin m = beta * h: ((1 - e) * softplus(-m) - e * softplus(m)) / (1 - 2e)."""
+    config = DPOConfig(epochs=3, batch_size=1, learning_rate=5e-3, label_smoothing=smoothing)
+    result = train_dpo(*tiny(tiny_model_dir), ROWS[:1], config, tmp_path / "v1", on_cpu=True)
+    assert result["label_smoothing"] == smoothing and len(result["steps"]) == 3
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    for step in result["steps"]:
+        m = step["margin"]
+        assert step["loss"] == pytest.approx(((1 - smoothing) * softplus(-m) - smoothing * softplus(m)) / (1 - 2 * smoothing), abs=1e-4)
+    assert result["steps"][-1]["margin"] > 0.01  # the margins moved, so the two losses differ
+
+
+def test_auto_label_smoothing_is_the_expected_share_of_wrong_labels():
+    rows = [PreferenceRow(PROMPTS[0], "a", "b", confidence=c) for c in (0.7, 0.7, 0.84, 1.0)]
+    assert label_smoothing(rows, "auto") == pytest.approx((0.3 + 0.3 + 0.16) / 4)
+    assert label_smoothing(rows, 0.1) == 0.1 and label_smoothing([], "auto") == 0.0
+    assert label_smoothing([PreferenceRow(PROMPTS[0], "a", "b", confidence=0.55)], "auto") == MAX_LABEL_SMOOTHING
+
+
 def test_a_completion_cut_at_the_length_limit_is_trained_without_an_end(tiny_model_dir):
     """As sampled: EOS closes only the completion that ended, and the prompt is the generation prompt."""
     _, tokenizer = tiny(tiny_model_dir)
@@ -95,7 +115,8 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("round 1: policy v1 from v0; DPO on ")
+    # Votes from one annotator: the flip rate is the prior's, 0.3, and robust DPO allows for it.
+    assert done.stdout.startswith("round 1: policy v1 from v0; robust DPO (label_smoothing 0.30) on ")
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
         round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()
@@ -116,6 +137,39 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     assert "v0 → v1" in history
 
 
+def test_dpo_learns_imported_preferences_once_as_the_reward_model_does_with_include_imported(tiny_project, tmp_path):
+    """Issue 46: DPO never read imported preferences, and a DPO round on them alone refused with "no resolved votes"."""
+    from contextlib import closing
+
+    from store import open_database
+    from tests.conftest import DEMO_PROMPTS, read_parquet, run_tether, set_settings, toy_preferences
+
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
+    set_settings(tiny_project, "reward_model", include_imported=True)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)
+
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        dpo_job = con.execute("SELECT id FROM jobs WHERE kind = 'dpo'").fetchone()[0]
+        smoothing = con.execute("SELECT value FROM metrics WHERE job_id = ? AND name = 'label_smoothing'", [dpo_job]).fetchone()[0]
+    trained_on = read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "preferences.parquet")
+    assert len(trained_on) == 40 and {r["chosen_policy"] for r in trained_on} == {None}
+    # No two people have voted on a pair yet: the flip rate is the prior's, 0.3 (annotate.agreement), on every label.
+    assert smoothing == pytest.approx(0.3, abs=0.01)
+    assert "robust DPO (label_smoothing 0.30) on 40 pairs" in done.stdout
+
+    # v1 has learnt them: from it, with [dpo] votes = "latest", they are not trained on again, and nobody voted on v1.
+    again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert again.returncode == 1 and "no resolved votes on policy v1's completions" in again.stderr
+    set_settings(tiny_project, "reward_model", include_imported=False)
+    alone = run_tether("rollback", "0", "--project", str(tiny_project), check=True)
+    assert "v2 is a copy of v0" in alone.stdout
+    refused = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert refused.returncode == 1 and "set include_imported = true in [reward_model] of tether.toml" in refused.stderr
+
+
 def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads_are_confident():
     prompts = PROMPTS[:3]
     answers = [[("fine", True), ("great", True), ("bad", False)], [("a", True), ("b", True)], [("same", True), ("same", True)]]
@@ -126,7 +180,9 @@ def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads
         [[0.0, 0.0], [0.0, 0.0]],
     ]
     rows = ranked_pairs(prompts, answers, heads, rewards, confidence=0.9)
-    assert rows == [PreferenceRow(prompts[0], "great", "bad", chosen_finished=True, rejected_finished=False)]
+    # Each pair carries the probability the heads give its label: the worker's label_smoothing = "auto" reads it.
+    certain = 1 / (1 + math.exp(-3.5))
+    assert rows == [PreferenceRow(prompts[0], "great", "bad", chosen_finished=True, rejected_finished=False, confidence=pytest.approx(certain))]
     # At 0.5 the split prompt's pair is kept when its heads lean its way on average; identical texts never.
     lenient = ranked_pairs(prompts, answers, heads, rewards, confidence=0.5)
     assert [(r.chosen, r.rejected) for r in lenient] == [("great", "bad"), ("a", "b")]

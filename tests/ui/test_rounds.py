@@ -37,7 +37,7 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     run_tether("generate", "--project", str(tiny_project), check=True)
     vote_every_pair(tiny_project)
 
-    done = run_tether("round", "--project", str(tiny_project))
+    done = run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("round 2: policy v1 from v0; reward model v1")  # round 1 failed above, and is kept
     assert "PPO 1 steps, KL to v0" in done.stdout
@@ -81,6 +81,61 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
 
 
+def test_auto_runs_dpo_until_the_reward_model_steers_then_ppo_on_its_conservative_reward_and_says_why(tiny_project):
+    """[round] optimizer = "auto", the default. A round with nothing new for its reward model reuses the newest."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    first = run_tether("round", "--project", str(tiny_project))
+    assert first.returncode == 0, first.stderr
+    untrusted = "auto: DPO on the votes, as reward model v1 does not steer the loop yet: no earlier version has been measured on votes it never saw"
+    assert first.stdout.startswith(f"round 1: policy v1 from v0; {untrusted}; ")
+    # The new-against-old pairs have no votes yet: the next round has nothing new to train a reward model on.
+    set_settings(tiny_project, "reward_model", trust="always")
+    second = run_tether("round", "--project", str(tiny_project))
+    assert second.returncode == 0, second.stderr
+    trusted = ('auto: PPO against reward model v1, which steers the loop: [reward_model] trust = "always"; '
+               "its reward is the heads' mean less 1 times their spread")
+    assert second.stdout.startswith(f"round 2: policy v2 from v1; reward model v1 reused: the votes hold nothing it did not train on; {trusted}; ")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rounds = con.execute("SELECT optimizer, reward_version, policy_to FROM rounds ORDER BY id").fetchall()
+        jobs = con.execute("SELECT round, kind FROM jobs WHERE round IS NOT NULL ORDER BY id").fetchall()
+        penalty = con.execute("SELECT config->'ppo'->>'uncertainty_penalty' FROM jobs WHERE kind = 'ppo'").fetchone()[0]
+    assert rounds == [("dpo", 1, 1), ("ppo", 1, 2)]
+    assert jobs == [(1, "reward_model"), (1, "dpo"), (1, "generate"), (2, "ppo"), (2, "generate")]
+    assert float(penalty) == 1.0
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout.splitlines()
+    header = history[0].split()
+    assert header[:4] == ["round", "status", "policy", "ran"]
+    assert history[1].split()[5:7] == ["DPO", "(auto)"] and history[2].split()[5:7] == ["PPO", "(auto)"]
+    assert f"round 1: {untrusted}" in history and f"round 2: reward model v1 reused: the votes hold nothing it did not train on; {trusted}" in history
+
+
+def test_a_round_after_rm_train_reuses_its_version_when_the_votes_hold_nothing_new(tiny_project):
+    """Issue 46: with a LoRA reward model, a round right after `tether rm train` refused: "no new resolved comparisons"."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "reward_model", kind="lora", epochs=1)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+    run_tether("rm", "train", "--project", str(tiny_project), check=True)
+
+    done = run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("round 1: policy v1 from v0; reward model v1 reused: the votes hold nothing it did not train on; ")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM reward_models").fetchone()[0] == 1
+        assert con.execute("SELECT reward_version, policy_to FROM rounds").fetchall() == [(1, 1)]
+    # Other settings make another model: no reuse, and the LoRA model refuses again to train on what it saw.
+    set_settings(tiny_project, "reward_model", lora_dropout=0.1)
+    assert run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project)).returncode == 0
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM reward_models").fetchone()[0] == 2
+
+
 def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, tmp_path):
     short_training(tiny_project)
     # Half the pairs want two votes. The queue serves each annotator the first pair in its order that
@@ -94,7 +149,7 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
     result = run_tether(
         "simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10",
         "--rounds", "2", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
-        "--project", str(tiny_project),
+        "--optimizer", "ppo", "--project", str(tiny_project),
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

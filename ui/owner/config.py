@@ -119,18 +119,29 @@ class ServerConfig:
                             lockout_seconds=self.lockout_seconds, max_lockout_seconds=self.max_lockout_seconds)
 
 
-OPTIMIZERS = ("ppo", "dpo", "grpo")
+OPTIMIZERS = ("auto", "ppo", "dpo", "grpo")
+TRUSTED_OPTIMIZERS = ("ppo", "grpo")
 
 
 @dataclass
 class RoundConfig:
     optimizer: str = field(
+        default="auto",
+        metadata={"help": "How a round turns votes into the next policy. 'auto': a reward model is trained on the votes "
+                          "first, then trusted_optimizer runs against it if it steers ([reward_model] trust: it has predicted "
+                          "votes it never saw better than chance), and DPO on the votes otherwise; the round says which and "
+                          "why. 'ppo' (PPO against a reward model trained on the votes, with a KL penalty to the starting "
+                          "model), 'dpo' (DPO with the starting model as its reference, on the votes and on the policy's "
+                          "fresh answers ranked by a reward model trained on them first, as [dpo] pairs says) or 'grpo' (a "
+                          "reward model, then GRPO: groups of responses per prompt, each group's mean reward the baseline, no "
+                          "value model) run whatever the reward model has shown: PPO against a reward model no better "
+                          "than chance teaches the policy that model's biases (scripts/BENCHMARKS.md)."},
+    )
+    trusted_optimizer: str = field(
         default="ppo",
-        metadata={"help": "How a round turns votes into the next policy: 'ppo' (a reward model trained on the votes, then "
-                          "PPO against it with a KL penalty to the starting model), 'dpo' (DPO with the starting model as its "
-                          "reference, on the votes and on the policy's fresh answers ranked by a reward model trained on "
-                          "them first, as [dpo] pairs says) or 'grpo' (a reward model, "
-                          "then GRPO: groups of responses per prompt, each group's mean reward the baseline, no value model)."},
+        metadata={"help": "With optimizer 'auto': what runs once the reward model steers, 'ppo' or 'grpo'. Either optimises "
+                          "the conservative reward, the heads' mean less uncertainty_penalty times their spread ([ppo], "
+                          "[grpo])."},
     )
     held_back_share: float = field(
         default=0.25,
@@ -155,6 +166,8 @@ class RoundConfig:
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.trusted_optimizer not in TRUSTED_OPTIMIZERS:
+            raise ValueError(f"trusted_optimizer must be one of {', '.join(TRUSTED_OPTIMIZERS)}, got {self.trusted_optimizer!r}")
         if not 0 < self.held_back_share < 1:
             raise ValueError(f"held_back_share must be between 0 and 1, got {self.held_back_share}")
         if self.per_prompt < 1 or self.every_comparisons < 0:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from annotate.agreement import project_flip_rate
+from annotate.agreement import FlipRate, project_flip_rate
 from annotate.export import preference_rows, ranking_rows
 from annotate.pairs import add_completions_with_pairs
 from annotate.ratings import wilson_interval
@@ -29,10 +29,11 @@ from store.ai_votes import add_ai_votes, judge_annotator, pairs_to_judge
 from store.db import utcnow
 from store.completions import NewCompletion, completions_to_score, set_rewards
 from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progress, start_job
-from store.policies import POLICY_JOBS, add_policy, get_policy, policy_versions
+from store.policies import POLICY_JOBS, add_policy, dpo_jobs_behind, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.pref_files import read_preference_file
 from store.rounds import set_policy_to, set_reward_version
+from store.votes import pairs_voted_by
 from store.reward_models import (
     RewardModel,
     add_reward_model,
@@ -44,7 +45,7 @@ from store.reward_models import (
 )
 from train.config import RewardModelConfig
 from train.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
-from train.snapshot import PreferenceRow, preference_table, ranking_table
+from train.snapshot import PreferenceRow, RankingRow, preference_table, ranking_table
 from ui.owner.project import Project
 from ui.owner.recovery import reconcile, record_worker, register_adapter
 
@@ -168,13 +169,9 @@ def submit_reward_training(
     reward = project.config.reward_model
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
-    flip = (read or run)(project_flip_rate)
-    rate = flip.rate if reward.flip_rate == "auto" else reward.flip_rate
-    rows = (read or run)(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes, reward.rankings, rate)
-    rankings = (read or run)(ranking_rows) if reward.rankings == "plackett_luce" else []
+    flip, rate, rows, rankings = _training_rows(reward, read or run)
     if not rows and not rankings:
-        ai = "; the AI judge's votes count only with [reward_model] ai_votes = \"include\" or \"weight\"" if reward.ai_votes == "off" else ""
-        raise JobError(f"no resolved comparisons to train on yet: collect votes first, or use --include-imported{ai}")
+        raise JobError(f"no resolved comparisons to train on yet: {_what_to_train_on(reward, read or run)}")
     previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
     config = {
         "model": dataclasses.asdict(project.config.model),
@@ -186,6 +183,45 @@ def submit_reward_training(
     }
     inputs = {"preferences": preference_table(rows)} | ({"rankings": ranking_table(rankings)} if rankings else {})
     return _submit(project, run, "reward_model", config, inputs, round_id)
+
+
+def _training_rows(reward: RewardModelConfig, read: Run) -> tuple[FlipRate, float, list[PreferenceRow], list[RankingRow]]:
+    """The flip rate measured, the one in use, and the rows and rankings a reward model of these settings trains on."""
+    flip = read(project_flip_rate)
+    rate = flip.rate if reward.flip_rate == "auto" else reward.flip_rate
+    rows = read(preference_rows, reward.include_imported, reward.weight_by_trust, reward.ai_votes, reward.rankings, rate)
+    rankings = read(ranking_rows) if reward.rankings == "plackett_luce" else []
+    return flip, rate, rows, rankings
+
+
+def _what_to_train_on(reward: RewardModelConfig, read: Run) -> str:
+    """What would give training something, in words that name only settings and commands that exist."""
+    advice = ["collect votes first"]
+    if not reward.include_imported and (imported := read(pairs_voted_by, "import")):
+        advice.append(f"set include_imported = true in [reward_model] of tether.toml to train on the {imported} imported "
+                      "preference pairs")
+    if reward.ai_votes == "off" and read(pairs_voted_by, "ai"):
+        advice.append('set ai_votes = "include" or "weight" in [reward_model] of tether.toml to train on the AI judge\'s votes')
+    return ", or ".join(advice)
+
+
+def reusable_reward_model(project: Project, run: Run, read: Run | None = None) -> int | None:
+    """The newest reward-model version when training one now would give it nothing new: the same base and settings, and
+    no pair or ranking the votes resolve that it did not train on."""
+    reward = project.config.reward_model
+    newest = run(_newest_training)
+    if newest is None or newest[2] is None or _trains_as(newest[2]["reward_model"]) != _trains_as(dataclasses.asdict(reward)):
+        return None
+    _, _, rows, rankings = _training_rows(reward, read or run)
+    previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
+    if previous is None or previous["new_pair_ids"] or previous["new_ranking_ids"]:
+        return None
+    return previous["version"]
+
+
+def _trains_as(settings: dict[str, Any]) -> dict[str, Any]:
+    """The [reward_model] settings that shape a version, as its job's config stores them: trust only decides its use."""
+    return {k: v for k, v in json.loads(json.dumps(settings)).items() if k != "trust"}
 
 
 FEATURES_DIR = "features"  # in the project: answers' features, read once by a head's jobs (train.features.FeatureCache)
@@ -358,31 +394,41 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
 
 
 def submit_dpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
-               round_id: int | None = None, read: Run | None = None) -> Job:
+               round_id: int | None = None, read: Run | None = None, pairs: str | None = None) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes,
-    on pairs a reward model (the newest by default) ranks, or on both, as [dpo] pairs says; with 'both', the ranked
-    pairs join only once the reward model `steers`.
+    on pairs a reward model (the newest by default) ranks, or on both, as `pairs` ([dpo] pairs by default) says; with
+    'both', the ranked pairs join only once the reward model `steers`.
 
     Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
-    votes = "latest" it takes only votes on pairs with a completion of the policy it starts from.
-    `read` reads the votes beside the writer, as for submit_reward_training.
+    votes = "latest" it takes only votes on pairs with a completion of the policy it starts from, and,
+    with [reward_model] include_imported, the imported pairs its adapter has not trained on. Each
+    row carries the probability that its label is right at the flip rate in use, from which the
+    worker sets [dpo] label_smoothing = "auto" (train.dpo.label_smoothing). `read` reads the votes
+    beside the writer, as for submit_reward_training.
     """
-    dpo = project.config.dpo
+    dpo = dataclasses.replace(project.config.dpo, pairs=pairs or project.config.dpo.pairs)
+    reward = project.config.reward_model
     policy = run(get_policy, policy_version)
     share = project.config.round.held_back_share
     prompts = run(prompts_to_generate, policy.version, None)
     held_back = {p.id for p in prompts if is_held_back(p, share)}
-    rows = [] if dpo.pairs == "reward_model" else [
-        r for r in (read or run)(preference_rows, False, False, project.config.reward_model.ai_votes)
-        if r.prompt_id not in held_back
-        and (dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy))
-    ]
+    rows = []
+    if dpo.pairs != "reward_model":
+        flip = (read or run)(project_flip_rate).rate if reward.flip_rate == "auto" else reward.flip_rate
+        learnt = _learnt_pair_ids(project, run, policy.version) if dpo.votes == "latest" else set()
+        rows = [
+            r for r in (read or run)(preference_rows, reward.include_imported, False, reward.ai_votes, "pairs", flip)
+            if r.prompt_id not in held_back and (
+                dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy)
+                or r.chosen_policy is None and r.pair_id not in learnt  # imported, and not yet in the adapter
+            )
+        ]
     reward_model = None if dpo.pairs == "human" else run(get_reward_model, reward_version)
-    if dpo.pairs == "both" and not steers(reward_model, project.config.reward_model):
+    if dpo.pairs == "both" and not steers(reward_model, reward):
         reward_model = None  # the votes alone, until the reward model has shown it predicts new ones
     if not rows and reward_model is None:
         which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
-        raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: collect votes first")
+        raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: {_what_to_train_on(reward, read or run)}")
     config = {
         "model": dataclasses.asdict(project.config.model),
         "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order and samples
@@ -394,9 +440,22 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
         training = [p for p in prompts if p.id not in held_back]
         drawn = random.Random(dpo.seed + policy.version).sample(training, min(dpo.prompts, len(training)))
         inputs["prompts"] = _prompt_table(drawn)
-        config |= {"generation": dataclasses.asdict(project.config.generation), "reward_model": dataclasses.asdict(project.config.reward_model),
+        config |= {"generation": dataclasses.asdict(project.config.generation), "reward_model": dataclasses.asdict(reward),
                    "reward_version": reward_model.version, "reward_adapter_path": str(project.root / reward_model.adapter_path)}
     return _submit(project, run, "dpo", config, inputs, round_id)
+
+
+def _learnt_pair_ids(project: Project, run: Run, policy_version: int) -> set[int]:
+    """The pairs a policy version's adapter has trained on: those of the DPO jobs behind it."""
+    learnt: set[int] = set()
+    for job_id in run(dpo_jobs_behind, policy_version):
+        path = input_path(job_dir(project, job_id), "preferences")
+        try:
+            learnt |= set(pq.read_table(path, columns=["pair_id"]).column("pair_id").to_pylist())
+        except (OSError, pa.ArrowException) as e:
+            raise JobError(f"cannot read {path}, the pairs DPO job {job_id} trained policy v{policy_version}'s adapter on "
+                           f"({' '.join(str(e).split())}): set votes = \"all\" in [dpo] of tether.toml") from None
+    return learnt
 
 
 def _submit(
@@ -588,7 +647,8 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
         if job.round is not None:
             set_policy_to(con, job.round, version)
         steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
-        if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model") if k in result}:  # DPO's
+        if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing")
+                      if k in result}:  # DPO's
             steps.append((0, counts))
         add_metrics(con, job.id, steps)
         finish_job(con, job.id, "done", utcnow())

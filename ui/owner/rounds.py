@@ -28,14 +28,14 @@ from store.completions import completions_of, paired_texts
 from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
-from store.rounds import Round, add_round, finish_round, get_round, list_rounds
+from store.rounds import Round, add_round, finish_round, get_round, list_rounds, set_choice
 from store.stats import version_games, version_votes
 from train.files import built_beside
-from ui.owner.config import OPTIMIZERS
+from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
-    Run, is_held_back, run_here, scoring_kind, submit_dpo, submit_generation, submit_grpo, submit_ppo, submit_reward_training,
-    trust_status,
+    Run, is_held_back, reusable_reward_model, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
+    submit_ppo, submit_reward_training, trust_status,
 )
 from ui.owner.project import Project
 
@@ -47,30 +47,62 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
                 optimizer: str | None = None) -> Job:
     """Start a round from the newest policy with `optimizer` ([round] optimizer by default); return its first job.
 
-    A PPO or GRPO round trains a reward model first unless given a version, and so does a DPO
-    round on pairs the reward model ranks; a DPO round on [dpo] pairs = "human" trains on the
-    votes directly. `read` reads the votes beside the writer, as for submit_reward_training.
+    A round trains a reward model first unless given a version, but for a DPO round on [dpo]
+    pairs = "human", which trains on the votes directly. Where the votes hold nothing the newest
+    version has not trained on, with the same settings, the round reuses it instead, and says so.
+    With 'auto' the reward model decides the optimiser once it is known (choose_optimizer). `read`
+    reads the votes beside the writer, as for submit_reward_training.
     """
     optimizer = optimizer or project.config.round.optimizer
     if optimizer not in OPTIMIZERS:
         raise StoreError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     votes_only = optimizer == "dpo" and project.config.dpo.pairs == "human"
+    note = None
     if reward_version is not None:
         if votes_only:
             raise StoreError('a DPO round with [dpo] pairs = "human" learns from the votes directly and uses no reward model: '
                              "leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
+    elif not votes_only and (reused := reusable_reward_model(project, run, read)) is not None:
+        reward_version = reused
+        note = f"reward model v{reused} reused: the votes hold nothing it did not train on"
     policy = run(get_policy, None)
-    round_ = run(add_round, policy.version, reward_version, optimizer)
+    round_ = run(add_round, policy.version, reward_version, optimizer, note)
     try:
         if votes_only:
             return submit_dpo(project, run, None, policy.version, round_.id, read)
         if reward_version is None:
             return submit_reward_training(project, run, round_id=round_.id, read=read)
-        return SUBMIT_AFTER_REWARD_MODEL[optimizer](project, run, reward_version, policy.version, round_.id)
+        return _submit_after_reward_model(project, run, round_)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
         raise
+
+
+def _submit_after_reward_model(project: Project, run: Run, round_: Round) -> Job:
+    """The round's policy job, once its reward model is known; with 'auto', the one that reward model's trust allows."""
+    if round_.optimizer != "auto":
+        return SUBMIT_AFTER_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
+    optimizer, why = choose_optimizer(run(get_reward_model, round_.reward_version), project.config)
+    run(set_choice, round_.id, optimizer, why)
+    if optimizer == "dpo":
+        return submit_dpo(project, run, None, round_.policy_from, round_.id, pairs="human")
+    return SUBMIT_AFTER_REWARD_MODEL[optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
+
+
+AUTO_NOTE = "auto: "  # begins what choose_optimizer says
+
+
+def choose_optimizer(reward_model: RewardModel, config: TetherConfig) -> tuple[str, str]:
+    """What a round with [round] optimizer = 'auto' runs, and why in words: [round] trusted_optimizer against a reward
+    model that steers ([reward_model] trust), DPO on the votes otherwise."""
+    status = trust_status(reward_model, config.reward_model).removeprefix("it ")
+    if not steers(reward_model, config.reward_model):
+        return "dpo", f"{AUTO_NOTE}DPO on the votes, as reward model v{reward_model.version} {status}"
+    chosen = config.round.trusted_optimizer
+    penalty = getattr(config, chosen).uncertainty_penalty
+    return chosen, (f"{AUTO_NOTE}{chosen.upper()} against reward model v{reward_model.version}, which {status}; "
+                    f"its reward is the heads' mean less {penalty:g} times their spread")
 
 
 def advance_round(project: Project, run: Run, job: Job) -> Job | None:
@@ -83,7 +115,7 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
         return None
     try:
         if job.kind == "reward_model":
-            return SUBMIT_AFTER_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
+            return _submit_after_reward_model(project, run, round_)
         if job.kind in POLICY_JOBS:
             missing = [p for p in _held_back(project, run, round_.policy_from) if p.completions < project.config.round.per_prompt]
             if missing:
@@ -143,6 +175,7 @@ class RoundSummary:
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
     pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
     pairs: tuple[int, int] | None  # DPO's pairs from votes and pairs the reward model ranked
+    label_smoothing: float | None  # the share of flipped labels DPO's robust loss corrected for; 0 for plain DPO
     win_rate: WinRate | None  # human votes on v+1 against v
     length_controlled: LengthControlled | None  # the same votes' win rate at equal length
     # The round's reward model's accuracy on the votes that came after it was trained (mostly on
@@ -167,13 +200,14 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
     policy_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
-    kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = None
+    kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = smoothing = None
     stopped_early = False
     if policy_job is not None and policy_job.status == "done":
         last = run(job_metrics, policy_job.id)
         margin, pair_accuracy = last.get("margin"), last.get("accuracy")
         if "pairs_human" in last:
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
+        smoothing = last.get("label_smoothing")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
@@ -189,7 +223,7 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     return RoundSummary(
         round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
-        stopped_early, score_gain, margin, pair_accuracy, pairs,
+        stopped_early, score_gain, margin, pair_accuracy, pairs, smoothing,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind,
     )
 
@@ -378,9 +412,11 @@ def round_report(run: Run, config: RewardModelConfig) -> list[str]:
     if not history:
         return ["no rounds yet: start one with `tether round`"]
     rows = [describe(s) for s in history]
+    notes = [f"round {row['round']}: {why}" for row in rows if (why := row.pop("why"))]
     widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
     lines = ["  ".join(k.ljust(w) for k, w in widths.items())]
     lines += ["  ".join(str(row[k]).ljust(w) for k, w in widths.items()) for row in rows]
+    lines += notes
     if scores := ratings(run):
         lines.append("ratings (Bradley-Terry, v0 = 1000): " + ", ".join(f"v{v} {r:.0f}" for v, r in sorted(scores.items())))
     if ended := ended_answers(run):
@@ -410,6 +446,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "round": round_.id,
         "status": round_.status,
         "policy": f"v{round_.policy_from} → v{round_.policy_to}" if round_.policy_to is not None else f"v{round_.policy_from} →",
+        "ran": round_.optimizer.upper() + (" (auto)" if _chosen_by_auto(round_) else ""),
         "reward model": f"v{round_.reward_version} ({summary.reward_model_kind})" if summary.reward_model_kind else "",
         "RM accuracy": _percent(summary.reward_accuracy),
         "optimizer": _settings(summary),
@@ -420,7 +457,12 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "length-controlled": "" if lc is None else f"{lc.rate:.0%} [{lc.low:.0%}, {lc.high:.0%}]",
         "votes": 0 if win is None else win.votes,
         "RM on new votes": "" if summary.new_votes_accuracy is None else f"{summary.new_votes_accuracy:.0%} of {summary.new_votes_pairs}",
+        "why": round_.note or "",
     }
+
+
+def _chosen_by_auto(round_: Round) -> bool:
+    return round_.note is not None and AUTO_NOTE in round_.note
 
 
 # The settings the round history shows for each optimiser.
@@ -435,6 +477,8 @@ def _settings(summary: RoundSummary) -> str:
     if summary.optimizer is None:
         return ""
     shown = ", ".join(f"{k} {summary.settings[k]}" for k in SHOWN_SETTINGS[summary.optimizer] if k in summary.settings)
+    if summary.label_smoothing is not None:
+        shown += f", label_smoothing {summary.label_smoothing:.2f}" + (" (auto)" if summary.settings.get("label_smoothing") == "auto" else "")
     if summary.pairs is not None:
         shown += f"; trained on {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model"
     return f"{summary.optimizer.upper()}: {shown}"

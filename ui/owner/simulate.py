@@ -99,7 +99,8 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items())
             + "; peak resident memory " + ", ".join(f"{job} {gb['measured']:.2f} GB (expected {gb['expected']:.2f})" for job, gb in memory.items()))
         if sim.report is not None:
-            figures = {"round": number, "optimizer": summary.optimizer, "strategy": project.config.queue.strategy,
+            figures = {"round": number, "optimizer": summary.optimizer, "why": round_.note, "label_smoothing": summary.label_smoothing,
+                       "strategy": project.config.queue.strategy,
                        "policy": round_.policy_to, "votes": votes.cast, "reward_model_follows_judge": follows,
                        "noise": sim.noise, "agreement": votes.agreement, "expected_agreement": votes.ceiling,
                        "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
@@ -159,11 +160,17 @@ def _completions_per_prompt(project: Project, votes: int, prompts: int) -> int:
 
 
 def training_summary(project: Project, summary: RoundSummary) -> str:
-    """What a round's training did, in words: DPO, or the reward model and PPO or GRPO."""
+    """What a round's training did, in words: DPO, or the reward model and PPO or GRPO; after what the round decided on
+    its own, where it did."""
+    return "; ".join(filter(None, [summary.round.note, _trained(project, summary)]))
+
+
+def _trained(project: Project, summary: RoundSummary) -> str:
     round_ = summary.round
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
-        trained = (f"DPO on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
+        robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
+        trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
                    f"accuracy {_share(summary.pair_accuracy)}")
         if round_.reward_version is None:  # on the votes alone
             return trained

@@ -21,13 +21,14 @@ from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, wi
 
 # The round table's columns (keys of ui.owner.rounds.describe) with their headers: people's verdict on each round.
 ROUND_COLUMNS = [
-    ("round", "round"), ("policy", "policy"), ("win rate", "win rate [95% CI]"), ("length-controlled", "length-controlled [95% CI]"),
+    ("round", "round"), ("policy", "policy"), ("ran", "optimiser"), ("win rate", "win rate [95% CI]"), ("length-controlled", "length-controlled [95% CI]"),
     ("votes", "votes"), ("KL to v0", "KL to v0"), ("ended", "responses ended in training"),
 ]
 # How each round ran, in a second table one click away; the long settings text last.
 SETTINGS_COLUMNS = [
     ("round", "round"), ("status", "status"), ("reward model", "reward model"), ("RM accuracy", "RM accuracy"),
     ("RM on new votes", "RM accuracy on new votes"), ("KL to parent", "KL to parent"), ("optimizer", "optimizer and settings"),
+    ("why", "why it ran so"),
 ]
 # The reward-model choice that starts a round by training a new one.
 NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
@@ -146,7 +147,7 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
             # Widths set, or the settings text takes the width and squeezes the short columns to a letter.
             settings = gr.Dataframe(
                 headers=[header for _, header in SETTINGS_COLUMNS], label="How each round ran, newest first", interactive=False, wrap=True,
-                column_widths=["7%", "8%", "9%", "9%", "12%", "9%", "46%"],
+                column_widths=["6%", "7%", "8%", "8%", "10%", "7%", "27%", "27%"],
             )
         with gr.Row():
             scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
