@@ -12,6 +12,7 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit")
 DPO_PAIRS = ("human", "reward_model", "both")
+DPO_VOTES = ("new", "latest", "all")
 REWARD_MODEL_TRUST = ("once_proven", "always")
 AI_VOTES = ("off", "include", "weight")
 RANKINGS = ("pairs", "plackett_luce")  # [reward_model] rankings
@@ -216,8 +217,8 @@ class RewardModelConfig:
     include_imported: bool = field(
         default=False,
         metadata={"help": "Also train on imported preference data (`tether import-prefs`), not only the project's votes: the "
-                          "reward model, and DPO, which learns each imported pair once, in the first round whose policy "
-                          "has not trained on it yet."},
+                          "reward model, and DPO, which with [dpo] votes 'new' or 'latest' learns each imported pair once, "
+                          "in the first round whose policy has not trained on it."},
     )
     ai_votes: str = field(
         default="off",
@@ -537,10 +538,14 @@ class DPOConfig:
                           "disagree on averages towards 0.5 and is left out."},
     )
     votes: str = field(
-        default="latest",
-        metadata={"help": "Which votes a round trains on: 'latest' (pairs with a completion of the policy the round starts "
-                          "from: on-policy, as iterative DPO trains; the earlier rounds' pairs are already in the adapter it "
-                          "continues, and a round costs the same however many came before) or 'all' (every round's)."},
+        default="new",
+        metadata={"help": "Which votes a round trains on: 'new' (every vote the adapter it continues has not trained on, "
+                          "whichever policy's answers it was cast on: each vote is learnt once, and a round costs about its "
+                          "new votes however many came before), 'latest' (only pairs with a completion of the policy the "
+                          "round starts from: on-policy, as iterative DPO trains; on a length-neutral judge at 96 votes a "
+                          "round it left 54, 37 and 20 pairs of the votes to three rounds, as the queue served pairs of "
+                          "older versions too, scripts/BENCHMARKS.md) or 'all' (every round's, again each round). Imported "
+                          "preferences count as votes on no policy ([reward_model] include_imported)."},
     )
     label_smoothing: float | str = field(
         default="auto",
@@ -586,8 +591,8 @@ class DPOConfig:
     def __post_init__(self):
         if self.beta <= 0 or self.learning_rate <= 0:
             raise ValueError(f"beta and learning_rate must be more than 0, got {self.beta} and {self.learning_rate}")
-        if self.votes not in ("all", "latest"):
-            raise ValueError(f"votes must be 'all' or 'latest', got {self.votes!r}")
+        if self.votes not in DPO_VOTES:
+            raise ValueError(f"votes must be one of {', '.join(DPO_VOTES)}, got {self.votes!r}")
         if self.pairs not in DPO_PAIRS:
             raise ValueError(f"pairs must be one of {', '.join(DPO_PAIRS)}, got {self.pairs!r}")
         if self.prompts < 1 or self.candidates < 2:

@@ -181,11 +181,14 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
 def round_command(optimizer: str | None, reward_version: int | None, project_dir: Path):
     """Run a training round: the next policy from the votes, then pairs of it against the old one for annotators.
 
-    With PPO or GRPO a reward model is trained on the votes and the policy is optimised against
-    it; with DPO the policy learns from the votes directly. Each starts from the newest policy and
-    trains on the prompts not held back ([round] in tether.toml). Both policies then answer the
-    held-back prompts, and each new answer is paired with an old one: the votes on those pairs
-    are the round's human win rate (`tether rounds`).
+    A reward model is trained on the votes first (or the newest reused, when the votes hold
+    nothing new for it). With "auto", the default, PPO (or [round] trusted_optimizer) then
+    optimises against it if it has predicted votes it never saw, and DPO learns from the votes
+    otherwise; the round says which and why. PPO, GRPO and DPO run as named whatever the reward
+    model has shown. Each starts from the newest policy and trains on the prompts not held back
+    ([round] in tether.toml). Both policies then answer the held-back prompts, and each new
+    answer is paired with an old one: the votes on those pairs are the round's human win rate
+    (`tether rounds`).
 
     \b
     Example:

@@ -137,12 +137,14 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     assert "v0 → v1" in history
 
 
-def test_dpo_learns_imported_preferences_once_as_the_reward_model_does_with_include_imported(tiny_project, tmp_path):
+def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tiny_project, tmp_path):
     """Issue 46: DPO never read imported preferences, and a DPO round on them alone refused with "no resolved votes"."""
     from contextlib import closing
 
     from store import open_database
-    from tests.conftest import DEMO_PROMPTS, read_parquet, run_tether, set_settings, toy_preferences
+    from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, toy_preferences, vote_every_pair
+    from ui.owner.jobs import submit_dpo
+    from ui.owner.project import load_project
 
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
     set_settings(tiny_project, "reward_model", include_imported=True)
@@ -160,14 +162,28 @@ def test_dpo_learns_imported_preferences_once_as_the_reward_model_does_with_incl
     assert smoothing == pytest.approx(0.3, abs=0.01)
     assert "robust DPO (label_smoothing 0.30) on 40 pairs" in done.stdout
 
-    # v1 has learnt them: from it, with [dpo] votes = "latest", they are not trained on again, and nobody voted on v1.
+    # v1 has learnt them: a round from it trains on the votes it has not ([dpo] votes = "new"), whoever's answers they are on.
     again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
-    assert again.returncode == 1 and "no resolved votes on policy v1's completions" in again.stderr
-    set_settings(tiny_project, "reward_model", include_imported=False)
-    alone = run_tether("rollback", "0", "--project", str(tiny_project), check=True)
-    assert "v2 is a copy of v0" in alone.stdout
-    refused = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
-    assert refused.returncode == 1 and "set include_imported = true in [reward_model] of tether.toml" in refused.stderr
+    assert again.returncode == 1 and "no resolved votes that policy v1 has not trained on" in again.stderr
+    run_tether("generate", "--policy", "0", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)  # v0's new pairs, and the round's v1 against v0 on the held-back prompts
+    held_back = held_back_ids(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        voted = {pair for pair, prompt in con.execute(
+            "SELECT DISTINCT p.id, p.prompt_id FROM comparisons c JOIN pairs p ON p.id = c.pair_id WHERE c.source <> 'import'").fetchall()
+            if prompt not in held_back}
+    assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        second = con.execute("SELECT max(id) FROM jobs WHERE kind = 'dpo'").fetchone()[0]
+    trained_on = read_parquet(tiny_project / "jobs" / str(second) / "inputs" / "preferences.parquet")
+    assert voted and {r["pair_id"] for r in trained_on} == voted and {r["chosen_policy"] for r in trained_on} == {0}
+
+    # A rollback's copy of v1 has learnt what v1 learnt, the imported pairs, and not the votes v2 learnt since.
+    run_tether("rollback", "1", "--project", str(tiny_project), check=True)
+    project = load_project(tiny_project)
+    job = submit_dpo(project, project.run)
+    assert job.config["policy_version"] == 3
+    assert {r["pair_id"] for r in read_parquet(tiny_project / "jobs" / str(job.id) / "inputs" / "preferences.parquet")} == voted
 
 
 def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads_are_confident():

@@ -60,7 +60,8 @@ def test_every_job_registers_its_result_on_a_quantised_base(tiny_project, tmp_pa
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
     simulated = run_tether("simulate", "--judge", "concise", "--noise", "1.0", "--labels-per-round", "10", "--rounds", "1",
-                           "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"), *project)
+                           "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
+                           "--optimizer", "ppo", *project)
     assert simulated.returncode == 0, simulated.stderr
     report = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [(r["round"], r["optimizer"], r["policy"]) for r in report] == [(1, "ppo", 1)]
@@ -76,7 +77,7 @@ def test_every_job_registers_its_result_on_a_quantised_base(tiny_project, tmp_pa
 
     vote_every_pair(tiny_project)
     dpo = run_tether("round", "--optimizer", "dpo", *project)
-    assert dpo.returncode == 0 and dpo.stdout.startswith("round 2: policy v2 from v1; DPO on "), dpo.stderr
+    assert dpo.returncode == 0 and dpo.stdout.startswith("round 2: policy v2 from v1; robust DPO (label_smoothing 0."), dpo.stderr
     vote_every_pair(tiny_project)  # the round's new pairs, v2 against v1
     grpo = run_tether("round", "--optimizer", "grpo", *project)
     assert grpo.returncode == 0 and grpo.stdout.startswith("round 3: policy v3 from v2; reward model v2"), grpo.stderr

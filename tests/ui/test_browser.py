@@ -346,9 +346,12 @@ def test_an_annotator_disabled_while_signed_in_is_signed_out_and_the_next_vote_i
                            "AND expires_at > ?", [utcnow()]).fetchone()[0] == 0
 
 
+AUTO_DPO = "auto: DPO on the votes, as reward model v1 does not steer the loop yet: <its measure>"
+
+
 def make_rounds(project: Path, prompts: int = 6) -> None:
     """Two finished rounds as real ones leave the database, without their training: v0 → v1 by PPO and
-    v1 → v2 by DPO, each with its job's settings (the project's own) and last statistics, the new policy's
+    v1 → v2 by DPO, chosen by [round] optimizer = "auto", each with its job's settings (the project's own) and last statistics, the new policy's
     answers against its parent's in cross-version pairs, and votes that mostly prefer the newer answer."""
     from store import open_database
     from store.completions import NewCompletion, NewPair, add_completions, add_pairs as add_pair_rows
@@ -357,7 +360,7 @@ def make_rounds(project: Path, prompts: int = 6) -> None:
     from store.policies import add_policy
     from store.prompt_files import NewPrompt
     from store.prompts import add_prompts
-    from store.rounds import add_round, finish_round, set_policy_to
+    from store.rounds import add_round, finish_round, set_choice, set_policy_to
     from ui.owner.project import load_project
 
     config = load_project(project).config
@@ -370,7 +373,9 @@ def make_rounds(project: Path, prompts: int = 6) -> None:
         prompt_ids = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
         answers = {0: add_completions(con, [NewCompletion(p, 0, f"v0 on {p}", 4, True, {}) for p in prompt_ids])}
         for version, (optimizer, settings, last_step) in optimizers.items():
-            round_ = add_round(con, version - 1, None, optimizer)
+            round_ = add_round(con, version - 1, None, "auto" if optimizer == "dpo" else optimizer)
+            if optimizer == "dpo":
+                set_choice(con, round_.id, "dpo", AUTO_DPO)
             job = add_job(con, optimizer, {optimizer: settings}, round_.id)
             add_metrics(con, job.id, [(1, {name: 0.0 for name in last_step}), (2, last_step)])
             finish_job(con, job.id, "done", utcnow())
@@ -398,15 +403,15 @@ def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(br
         page.get_by_role("tab", name="Loop").click()
         rounds_table = page.get_by_role("grid", name=re.compile("^Rounds, newest first"))
         expect(rounds_table.get_by_role("row")).to_have_count(3)  # the header and both rounds, without Refresh
-        for round_id, policy in ((2, "v1 → v2"), (1, "v0 → v1")):
+        for round_id, policy, ran in ((2, "v1 → v2", "DPO (auto)"), (1, "v0 → v1", "PPO")):
             row = rounds_table.get_by_role("row").filter(has=page.get_by_role("gridcell", name=policy, exact=True))
             expect(row).to_be_in_viewport()
             cells = [cell.strip() for cell in row.get_by_role("gridcell").all_inner_texts()]
-            assert cells[0] == str(round_id) and re.fullmatch(r"\d+% \[\d+%, \d+%\]", cells[2]), cells  # the win rate
+            assert cells[0] == str(round_id) and cells[2] == ran and re.fullmatch(r"\d+% \[\d+%, \d+%\]", cells[3]), cells
         # Nothing is squeezed: every header is wide enough for a word, on the screen, and on one line, so the
         # header row is no taller than a row of figures.
         headers = rounds_table.get_by_role("columnheader")
-        expect(headers).to_have_count(7)
+        expect(headers).to_have_count(8)
         row_height = rounds_table.get_by_role("gridcell", name="v0 → v1", exact=True).bounding_box()["height"]
         for header in headers.all():
             box = header.bounding_box()
@@ -416,6 +421,7 @@ def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(br
         settings = page.get_by_role("grid", name="How each round ran, newest first")
         expect(settings.get_by_role("gridcell", name=re.compile("^DPO: pairs both, beta "))).to_be_visible()
         expect(settings.get_by_role("gridcell", name=re.compile("^PPO: steps "))).to_be_visible()
+        expect(settings.get_by_role("gridcell", name=AUTO_DPO, exact=True)).to_be_visible()  # why the round ran DPO
         expect(page.get_by_role("button", name="Cancel the round")).to_be_disabled()
         # The newest round is DPO's: its curves are shown, and no table of PPO's samples.
         expect(page.get_by_text("DPO loss", exact=True)).to_be_visible()
@@ -424,8 +430,8 @@ def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(br
         for version in ("v0", "v1", "v2"):
             expect(ratings.get_by_role("gridcell", name=version, exact=True)).to_be_visible()
         expect(page.get_by_label("Reward model for the round")).to_have_value("a new one, trained on every vote so far")
-        expect(page.get_by_role("radio", name="PPO", exact=True)).to_be_checked()  # [round] optimizer
-        for other in ("DPO", "GRPO"):
+        expect(page.get_by_role("radio", name="AUTO", exact=True)).to_be_checked()  # [round] optimizer
+        for other in ("PPO", "DPO", "GRPO"):
             expect(page.get_by_role("radio", name=other, exact=True)).not_to_be_checked()
         page.context.close()
         assert dialogs == []

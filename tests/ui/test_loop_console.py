@@ -110,7 +110,7 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
         history, settings, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", ""]
-        assert newest["optimizer and settings"].startswith("DPO: pairs human, beta 0.1, votes latest, epochs 1,")
+        assert newest["optimizer and settings"].startswith("DPO: pairs human, beta 0.1, votes new, epochs 1,")
         assert newest["optimizer and settings"].endswith(" human pairs and 0 ranked by the reward model")
         assert shown["value"] == 1 and not samples["visible"]  # DPO samples nothing while it trains: no table
         curves = shown_curves(plots)

@@ -57,7 +57,7 @@ def test_config_round_trips_every_setting(tmp_path):
     ("[grpo]\ngroup_size = 1\n", "group_size must be at least 2"),
     ("[grpo]\nprompts_per_step = 3\nminibatches = 2\ngroup_size = 3\n", "must be a multiple of minibatches (2)"),
     ("[grpo]\nscale_rewards = 'group_mean'\n", "scale_rewards must be 'batch', 'group' or 'none'"),
-    ("[dpo]\nvotes = 'newest'\n", "votes must be 'all' or 'latest'"),
+    ("[dpo]\nvotes = 'newest'\n", "votes must be one of new, latest, all"),
     ("[round]\noptimizer = 'sgd'\n", "optimizer must be one of"),
     ("[modle]\n", "unknown section [modle]"),
     ("[model\n", "cannot read it"),

@@ -171,7 +171,7 @@ def test_rollback_registers_a_copy_of_the_chosen_version_and_the_next_round_star
     assert rows == [(0, None, None, None), (1, 0, "policies/v1", None), (2, 1, "policies/v2", None), (3, 1, "policies/v3", 2)]
     assert project.run(get_policy, None).version == 3
 
-    job = start_round(project, project.run, 1)
+    job = start_round(project, project.run, 1, optimizer="ppo")
     assert job.kind == "ppo" and job.config["policy_version"] == 3
     assert job.config["policy_adapter_path"] == str(project.root / "policies" / "v3")
     with pytest.raises(StoreError, match="round 1 is running"):

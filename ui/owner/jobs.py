@@ -400,8 +400,9 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     'both', the ranked pairs join only once the reward model `steers`.
 
     Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
-    votes = "latest" it takes only votes on pairs with a completion of the policy it starts from, and,
-    with [reward_model] include_imported, the imported pairs its adapter has not trained on. Each
+    votes = "new" it takes the votes the policy's adapter has not trained on (the DPO jobs behind it), with
+    "latest" only those on pairs with a completion of that policy and imported ones ([reward_model]
+    include_imported), and with "all" every vote, again each round. Each
     row carries the probability that its label is right at the flip rate in use, from which the
     worker sets [dpo] label_smoothing = "auto" (train.dpo.label_smoothing). `read` reads the votes
     beside the writer, as for submit_reward_training.
@@ -415,19 +416,21 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     rows = []
     if dpo.pairs != "reward_model":
         flip = (read or run)(project_flip_rate).rate if reward.flip_rate == "auto" else reward.flip_rate
-        learnt = _learnt_pair_ids(project, run, policy.version) if dpo.votes == "latest" else set()
+        learnt = set() if dpo.votes == "all" else _learnt_pair_ids(project, run, policy.version)
         rows = [
             r for r in (read or run)(preference_rows, reward.include_imported, False, reward.ai_votes, "pairs", flip)
             if r.prompt_id not in held_back and (
-                dpo.votes == "all" or policy.version in (r.chosen_policy, r.rejected_policy)
-                or r.chosen_policy is None and r.pair_id not in learnt  # imported, and not yet in the adapter
+                dpo.votes == "all"
+                or r.pair_id not in learnt and (dpo.votes == "new" or r.chosen_policy is None  # imported: on no policy
+                                                or policy.version in (r.chosen_policy, r.rejected_policy))
             )
         ]
     reward_model = None if dpo.pairs == "human" else run(get_reward_model, reward_version)
     if dpo.pairs == "both" and not steers(reward_model, reward):
         reward_model = None  # the votes alone, until the reward model has shown it predicts new ones
     if not rows and reward_model is None:
-        which = "" if dpo.votes == "all" else f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"
+        which = {"all": "", "new": f" that policy v{policy.version} has not trained on",
+                 "latest": f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"}[dpo.votes]
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: {_what_to_train_on(reward, read or run)}")
     config = {
         "model": dataclasses.asdict(project.config.model),
