@@ -103,7 +103,7 @@ def test_ai_votes_are_kept_out_of_training_by_default(tiny_project):
         assert preference_rows(con, False) == []
 
     project = load_project(tiny_project)
-    with pytest.raises(JobError, match='the AI judge\'s votes count only with \\[reward_model\\] ai_votes = "include"'):
+    with pytest.raises(JobError, match='set ai_votes = "include" or "weight" in \\[reward_model\\] of tether.toml to train on the AI judge'):
         submit_reward_training(project, project.run)
     assert not (tiny_project / "jobs").exists()
 
