@@ -153,8 +153,39 @@ def is_held_back(prompt: Prompt, share: float) -> bool:
     return int(prompt.content_hash[:8], 16) < share * 16**8
 
 
+@dataclasses.dataclass(frozen=True)
+class RewardTraining:
+    """What a reward model of these settings would train on now, read once."""
+
+    settings: RewardModelConfig
+    flip: FlipRate  # measured from the votes
+    rate: float  # the one in use
+    rows: list[PreferenceRow]
+    rankings: list[RankingRow]
+    previous: dict[str, Any] | None  # _previous: the newest version, and what of these rows it has not seen
+
+    @property
+    def reusable_version(self) -> int | None:
+        """The newest version when training now would give it nothing new: the same base and settings (trust aside),
+        and no pair or ranking it did not train on."""
+        previous = self.previous
+        if previous is None or previous["new_pair_ids"] or previous["new_ranking_ids"]:
+            return None
+        return previous["version"] if _trains_as(previous["reward_model"]) == _trains_as(dataclasses.asdict(self.settings)) else None
+
+
+def reward_training(project: Project, run: Run, include_imported: bool | None = None, read: Run | None = None) -> RewardTraining:
+    reward = project.config.reward_model
+    if include_imported is not None:
+        reward = dataclasses.replace(reward, include_imported=include_imported)
+    flip, rate, rows, rankings = _training_rows(reward, read or run)
+    previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
+    return RewardTraining(reward, flip, rate, rows, rankings, previous)
+
+
 def submit_reward_training(
-    project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None, read: Run | None = None
+    project: Project, run: Run, include_imported: bool | None = None, round_id: int | None = None, read: Run | None = None,
+    training: RewardTraining | None = None,
 ) -> Job:
     """Queue training a reward model of [reward_model] kind on a frozen snapshot of the project's resolved comparisons.
 
@@ -164,24 +195,21 @@ def submit_reward_training(
     LoRA model ('lora', 'auto') continues from the newest version's, training on the pairs its snapshot lacks plus a
     replay sample of those it has. `read`, where given, reads the comparisons beside the writer (the app's
     Server.snapshot): the read grows with the votes, and under the writer's lock it would hold up every annotator
-    meanwhile.
+    meanwhile. `training`, where given, is what reward_training has read already.
     """
-    reward = project.config.reward_model
-    if include_imported is not None:
-        reward = dataclasses.replace(reward, include_imported=include_imported)
-    flip, rate, rows, rankings = _training_rows(reward, read or run)
-    if not rows and not rankings:
+    training = training or reward_training(project, run, include_imported, read)
+    reward, previous = training.settings, training.previous
+    if not training.rows and not training.rankings:
         raise JobError(f"no resolved comparisons to train on yet: {_what_to_train_on(reward, read or run)}")
-    previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),
-        "flip_rate": {"rate": rate, "measured": dataclasses.asdict(flip), "setting": reward.flip_rate},
+        "flip_rate": {"rate": training.rate, "measured": dataclasses.asdict(training.flip), "setting": reward.flip_rate},
         "warm_start": _warm_start(project, reward, previous) if reward.warm_start and reward.kind != "head" else None,
         "previous": _of_kind(previous, "head") if reward.kind != "lora" else None,
         "features_cache": str(project.root / FEATURES_DIR) if reward.kind != "lora" else None,
     }
-    inputs = {"preferences": preference_table(rows)} | ({"rankings": ranking_table(rankings)} if rankings else {})
+    inputs = {"preferences": preference_table(training.rows)} | ({"rankings": ranking_table(training.rankings)} if training.rankings else {})
     return _submit(project, run, "reward_model", config, inputs, round_id)
 
 
@@ -203,20 +231,6 @@ def _what_to_train_on(reward: RewardModelConfig, read: Run) -> str:
     if reward.ai_votes == "off" and read(pairs_voted_by, "ai"):
         advice.append('set ai_votes = "include" or "weight" in [reward_model] of tether.toml to train on the AI judge\'s votes')
     return ", or ".join(advice)
-
-
-def reusable_reward_model(project: Project, run: Run, read: Run | None = None) -> int | None:
-    """The newest reward-model version when training one now would give it nothing new: the same base and settings, and
-    no pair or ranking the votes resolve that it did not train on."""
-    reward = project.config.reward_model
-    newest = run(_newest_training)
-    if newest is None or newest[2] is None or _trains_as(newest[2]["reward_model"]) != _trains_as(dataclasses.asdict(reward)):
-        return None
-    _, _, rows, rankings = _training_rows(reward, read or run)
-    previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
-    if previous is None or previous["new_pair_ids"] or previous["new_ranking_ids"]:
-        return None
-    return previous["version"]
 
 
 def _trains_as(settings: dict[str, Any]) -> dict[str, Any]:

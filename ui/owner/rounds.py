@@ -34,7 +34,7 @@ from train.files import built_beside
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
-    Run, is_held_back, reusable_reward_model, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
+    Run, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
     submit_ppo, submit_reward_training, trust_status,
 )
 from ui.owner.project import Project
@@ -57,22 +57,23 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     if optimizer not in OPTIMIZERS:
         raise StoreError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     votes_only = optimizer == "dpo" and project.config.dpo.pairs == "human"
-    note = None
+    note = training = None
     if reward_version is not None:
         if votes_only:
             raise StoreError('a DPO round with [dpo] pairs = "human" learns from the votes directly and uses no reward model: '
                              "leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
-    elif not votes_only and (reused := reusable_reward_model(project, run, read)) is not None:
-        reward_version = reused
-        note = f"reward model v{reused} reused: the votes hold nothing it did not train on"
+    elif not votes_only:
+        training = reward_training(project, run, read=read)
+        if (reward_version := training.reusable_version) is not None:
+            note = f"reward model v{reward_version} reused: the votes hold nothing it did not train on"
     policy = run(get_policy, None)
     round_ = run(add_round, policy.version, reward_version, optimizer, note)
     try:
         if votes_only:
             return submit_dpo(project, run, None, policy.version, round_.id, read)
         if reward_version is None:
-            return submit_reward_training(project, run, round_id=round_.id, read=read)
+            return submit_reward_training(project, run, round_id=round_.id, read=read, training=training)
         return _submit_after_reward_model(project, run, round_)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
