@@ -132,6 +132,7 @@ class FlipRate:
     rate: float
     agreement: float | None  # the share of agreeing pairs of votes on the overlapped pairs; None without any
     pairs: int  # overlapped pairs, two or more votes for 'a' or 'b', that it rests on
+    low: float  # the least rate the overlapped pairs allow: at the agreement's 95% Wilson upper bound, prior included
 
     def __str__(self) -> str:
         if not self.pairs:
@@ -178,9 +179,14 @@ def flip_rate(items: list[list[str]]) -> FlipRate:
     rated = [choices for choices in rated if len(choices) >= 2]
     prior = _siding_and_agreement(_spread_where(0, PRIOR_MEAN))[1]
     measured = sum(_pair_agreement(choices) for choices in rated)
-    agreement = (measured + FLIP_PRIOR_PAIRS * prior) / (len(rated) + FLIP_PRIOR_PAIRS)
-    siding = 0.5 if agreement <= 0.5 else _siding_and_agreement(_spread_where(1, agreement))[0]
-    return FlipRate(min(1 - siding, MAX_FLIP_RATE), measured / len(rated) if rated else None, len(rated))
+    weight = len(rated) + FLIP_PRIOR_PAIRS
+    agreement = (measured + FLIP_PRIOR_PAIRS * prior) / weight
+    rate, low = (min(1 - _siding_where_agreement(a), MAX_FLIP_RATE) for a in (agreement, wilson_interval(agreement, weight)[1]))
+    return FlipRate(rate, measured / len(rated) if rated else None, len(rated), low)
+
+
+def _siding_where_agreement(agreement: float) -> float:
+    return 0.5 if agreement <= 0.5 else _siding_and_agreement(_spread_where(1, agreement))[0]
 
 
 def majority_confidence(agreeing: int, disagreeing: int, flip: float) -> float:

@@ -552,9 +552,11 @@ class DPOConfig:
         metadata={"help": "The share of the pairs' labels taken to be flipped, which robust DPO corrects for (Chowdhury et al. "
                           "2024, TRL's loss_type 'robust': each pair's loss is unbiased for the loss on its true label, its "
                           "variance growing as 1 / (1 - 2e)). 'auto': the expected share of wrong labels among the round's "
-                          "pairs from the votes, at the flip rate measured from how often annotators agree ([reward_model] "
-                          "flip_rate), a pair two agreeing votes decided counting less than one vote's; a number from 0 to "
-                          "below 0.5 fixes it by hand; 0 is plain DPO."},
+                          "pairs, at the least flip rate that how often annotators agree allows (the 95% bound; [reward_model] "
+                          "flip_rate, where set, is taken as it is), a pair two agreeing votes decided counting less than one "
+                          "vote's. The bound, not the estimate: above the true rate the robust loss pushes every margin up "
+                          "without end, below it the push stays bounded, so few overlapped votes give nearly plain DPO. A "
+                          "number from 0 to below 0.5 fixes it by hand; 0 is plain DPO."},
     )
     epochs: int = field(
         default=1,

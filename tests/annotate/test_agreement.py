@@ -89,6 +89,12 @@ def test_the_flip_rate_inverts_agreement_and_leans_on_its_prior_until_pairs_are_
     assert split.agreement == 0.0 and split.rate == 0.45  # capped: coin flips would teach nothing
     few = flip_rate([["a", "a"]] * 2)  # two unanimous pairs against the prior's FLIP_PRIOR_PAIRS
     assert FLIP_PRIOR_PAIRS > 2 and unanimous.rate < few.rate < assumed.rate
+    # The least rate the pairs allow lies below the estimate, and rises towards it as overlapped pairs add evidence.
+    evidence = [flip_rate([["a", "a"]] * round(n * 0.58) + [["a", "b"]] * (n - round(n * 0.58))) for n in (0, 10, 100, 1000)]
+    assert all(f.low < f.rate for f in evidence) and assumed.low < 0.1
+    gaps = [f.rate - f.low for f in evidence]
+    assert gaps == sorted(gaps, reverse=True) and gaps[-1] < 0.05
+    assert split.low == 0.45  # even the bound allows no less than the cap when every pair splits
     assert majority_confidence(1, 0, 0.3) == pytest.approx(0.7) and majority_confidence(2, 0, 0.3) == pytest.approx(0.49 / 0.58)
     assert majority_confidence(2, 1, 0.3) == pytest.approx(0.7) and majority_confidence(3, 0, 0.0) == 1.0
 

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from annotate.agreement import flip_rate
 from train.config import DPOConfig, ModelConfig
 from train.dpo import MAX_LABEL_SMOOTHING, encode_pair, label_smoothing, ranked_pairs, train_dpo
 from train.models import load_model
@@ -115,8 +116,8 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    # Votes from one annotator: the flip rate is the prior's, 0.3, and robust DPO allows for it.
-    assert done.stdout.startswith("round 1: policy v1 from v0; robust DPO (label_smoothing 0.30) on ")
+    # Votes from one annotator: no pair has two votes, so robust DPO takes the least flip rate the prior allows.
+    assert done.stdout.startswith(f"round 1: policy v1 from v0; robust DPO (label_smoothing {flip_rate([]).low:.2f}) on ")
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
         round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()
@@ -158,9 +159,9 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
         smoothing = con.execute("SELECT value FROM metrics WHERE job_id = ? AND name = 'label_smoothing'", [dpo_job]).fetchone()[0]
     trained_on = read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "preferences.parquet")
     assert len(trained_on) == 40 and {r["chosen_policy"] for r in trained_on} == {None}
-    # No two people have voted on a pair yet: the flip rate is the prior's, 0.3 (annotate.agreement), on every label.
-    assert smoothing == pytest.approx(0.3, abs=0.01)
-    assert "robust DPO (label_smoothing 0.30) on 40 pairs" in done.stdout
+    # No two people have voted on a pair yet: every label is wrong with the least flip rate the prior allows.
+    assert smoothing == pytest.approx(flip_rate([]).low) and 0 < smoothing < 0.1
+    assert f"robust DPO (label_smoothing {smoothing:.2f}) on 40 pairs" in done.stdout
 
     # v1 has learnt them: a round from it trains on the votes it has not ([dpo] votes = "new"), whoever's answers they are on.
     again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))

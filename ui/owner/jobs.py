@@ -417,9 +417,11 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     votes = "new" it takes the votes the policy's adapter has not trained on (the DPO jobs behind it), with
     "latest" only those on pairs with a completion of that policy and imported ones ([reward_model]
     include_imported), and with "all" every vote, again each round. Each
-    row carries the probability that its label is right at the flip rate in use, from which the
-    worker sets [dpo] label_smoothing = "auto" (train.dpo.label_smoothing). `read` reads the votes
-    beside the writer, as for submit_reward_training.
+    row carries the probability that its label is right, from which the worker sets [dpo] label_smoothing = "auto"
+    (train.dpo.label_smoothing). With [reward_model] flip_rate = "auto" that probability is taken at the least flip
+    rate the votes allow (FlipRate.low), not at the estimate the reward model uses: robust DPO with a flip rate above
+    the true one pushes every pair's margin up without end, while one below it stays bounded, between the plain loss
+    and the robust one. `read` reads the votes beside the writer, as for submit_reward_training.
     """
     dpo = dataclasses.replace(project.config.dpo, pairs=pairs or project.config.dpo.pairs)
     reward = project.config.reward_model
@@ -429,7 +431,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     held_back = {p.id for p in prompts if is_held_back(p, share)}
     rows = []
     if dpo.pairs != "reward_model":
-        flip = (read or run)(project_flip_rate).rate if reward.flip_rate == "auto" else reward.flip_rate
+        flip = (read or run)(project_flip_rate).low if reward.flip_rate == "auto" else reward.flip_rate
         learnt = set() if dpo.votes == "all" else _learnt_pair_ids(project, run, policy.version)
         rows = [
             r for r in (read or run)(preference_rows, reward.include_imported, False, reward.ai_votes, "pairs", flip)
