@@ -1,9 +1,13 @@
 """DPO rounds on the tiny model: the reference is the base, rounds continue, and the adapter is plain PEFT."""
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from annotate.agreement import flip_rate
 from train.config import DPOConfig, ModelConfig
@@ -107,7 +111,7 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     from peft import PeftModel
 
     from store import open_database
-    from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair
+    from tests.conftest import DEMO_PROMPTS, REPO, held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair
 
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
@@ -136,6 +140,23 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     assert any("lora_B" in name and param.abs().sum() > 0 for name, param in model.named_parameters())
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
     assert "v0 → v1" in history
+
+    # scripts/bench_dpo_loss.py replays the round on its frozen pairs: with the job's own loss it trains v1's adapter
+    # again, and with plain DPO another one, each judged against v0.
+    eval_prompts = tiny_project.parent / "eval.jsonl"
+    eval_prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Name a colour.", "Say hello.")))
+    replay = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_dpo_loss.py"), "--project", str(tiny_project),
+                             "--judge", "concise", "--eval-prompts", str(eval_prompts), "--workdir", str(tiny_project.parent / "replay")],
+                            capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    rows = {r["arm"]: r for r in map(json.loads, (line for line in replay.stdout.splitlines() if line.startswith("{")))}
+    assert rows["job"]["label_smoothing"] == pytest.approx(flip_rate([]).low) and rows["plain"]["label_smoothing"] == 0
+    assert rows["job"]["pairs"] == rows["plain"]["pairs"] == len(trained_on)
+    assert all(0 <= r["low"] <= r["win_rate"] <= r["high"] <= 1 for r in rows.values())
+    weights = {name: load_file(tiny_project.parent / "replay" / f"{name}-round-1" / "adapter_model.safetensors") for name in rows}
+    original = load_file(tiny_project / adapter / "adapter_model.safetensors")
+    assert all(torch.equal(weights["job"][k], original[k]) for k in original), "the replay must train what the round trained"
+    assert not all(torch.equal(weights["plain"][k], original[k]) for k in original)
 
 
 def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tiny_project, tmp_path):

@@ -212,14 +212,17 @@ def _on_new_votes(project: Project, round_: Round) -> str:
     return f", v{metrics['new_votes_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
 
 
-def sample_answers(project: Project, policy: Policy, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
-    """per_prompt answers (train.generate.Generated) to each prompt from a policy version, grouped by prompt, the same
-    seed for every version; and the policy's KL to the base on them."""
+def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
+    """per_prompt answers (train.generate.Generated) to each prompt from a policy version (or the adapter in a folder),
+    grouped by prompt, the same seed for every version; and the policy's KL to the base on them."""
     from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
     from train.models import load_model
 
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
-    adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
+    if isinstance(policy, Path):
+        adapter = str(policy)
+    else:
+        adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
     model, tokenizer = load_model(project.config.model, adapter)
     answers = generate(model, tokenizer, prompts, config)
     if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it

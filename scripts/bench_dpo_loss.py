@@ -1,0 +1,112 @@
+"""Benchmark: robust against plain DPO on the same votes, by replaying a project's DPO rounds with each loss.
+
+A project that `tether simulate` (or bench_labels.py) ran holds each DPO round's frozen pairs: the
+votes it trained on, each with the probability its label is right. This replays those rounds from
+v0 once for each arm, every arm continuing its own adapter on the same pairs with the job's own
+settings and seed, and judges each round's policy against v0 on the evaluation prompts as simulate
+does (the same answers per prompt and seed, so v0's answers are simulate's). The arms:
+
+    job     each round's [dpo] label_smoothing as its job had it ('auto': robust DPO at the rows' flip rate)
+    plain   0: plain DPO
+    NUMBER  robust DPO at that label smoothing
+
+Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
+alone, and says so. The replay stops at the first round that was not DPO.
+
+    python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from annotate.judges import load_judge  # noqa: E402  (the repository root, not an installed copy)
+from annotate.simulate import judge_against  # noqa: E402
+from store.policies import get_policy  # noqa: E402
+from store.prompt_files import read_prompt_file  # noqa: E402
+from train.jobdir import input_path, read_job  # noqa: E402
+from ui.owner.jobs import job_dir  # noqa: E402
+from ui.owner.project import load_project  # noqa: E402
+from ui.owner.simulate import EVAL_PAIRS, sample_answers  # noqa: E402
+
+
+def dpo_rounds(project) -> list[tuple[int, int]]:
+    """(round, DPO job) for each round from the first, up to the first round that ran no DPO job."""
+    rows = project.run(lambda con: con.execute(
+        "SELECT r.id, min(j.id) FILTER (WHERE j.kind = 'dpo' AND j.status = 'done') FROM rounds r "
+        "LEFT JOIN jobs j ON j.round = r.id GROUP BY r.id ORDER BY r.id").fetchall())
+    rounds = []
+    for round_id, job_id in rows:
+        if job_id is None:
+            break
+        rounds.append((round_id, job_id))
+    return rounds
+
+
+def replay_round(project, job_id: int, smoothing: str, previous: Path | None, out_dir: Path) -> dict:
+    """Train one arm's next adapter on the job's frozen pairs from `previous`; its settings but the label smoothing."""
+    from train.config import DPOConfig, ModelConfig
+    from train.dpo import train_dpo
+    from train.models import load_model
+    from train.snapshot import read_preferences
+
+    folder = job_dir(project, job_id)
+    config = read_job(folder)["config"]
+    settings = config["dpo"] | ({} if smoothing == "job" else {"label_smoothing": 0.0 if smoothing == "plain" else float(smoothing)})
+    rows = read_preferences(input_path(folder, "preferences"))
+    model, tokenizer = load_model(ModelConfig(**config["model"]))
+    started = time.monotonic()
+    result = train_dpo(model, tokenizer, rows, DPOConfig(**settings), out_dir, previous, on_cpu=True)
+    return {"pairs": result["pairs"], "label_smoothing": result["label_smoothing"], "seconds": time.monotonic() - started,
+            "ranked_left_out": config.get("reward_version") is not None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", type=Path, required=True, help="a project whose rounds ran DPO (tether simulate made it)")
+    parser.add_argument("--judge", required=True, help="the judge the project's votes followed: built-in, module:FUNC or PATH.py:FUNC")
+    parser.add_argument("--eval-prompts", type=Path, required=True, help="the JSONL prompt file simulate judged the rounds on")
+    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain or a label smoothing (default job,plain)")
+    parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
+    parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
+    args = parser.parse_args()
+
+    project = load_project(args.project)
+    judge = load_judge(args.judge)
+    prompts = [p.messages for p in read_prompt_file(args.eval_prompts, project.config.server.import_limits())]
+    per_prompt = math.ceil(EVAL_PAIRS / len(prompts))
+    rounds = dpo_rounds(project)
+    if not rounds:
+        raise SystemExit(f"{args.project}: its first round ran no DPO job: nothing to replay")
+    print(f"replaying {len(rounds)} DPO rounds of {args.project}; {len(prompts)} evaluation prompts, {per_prompt} answers each",
+          flush=True)
+    baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, per_prompt, args.seed)
+    table = []
+    for arm in args.arms.split(","):
+        previous = None
+        for number, (round_id, job_id) in enumerate(rounds, start=1):
+            out_dir = args.workdir / f"{arm}-round-{number}"
+            trained = replay_round(project, job_id, arm, previous, out_dir)
+            answers, kl = sample_answers(project, out_dir, prompts, per_prompt, args.seed)
+            verdict = judge_against(judge, prompts, [a.text for a in answers], [a.text for a in baseline])
+            row = {"arm": arm, "round": number, "job": job_id, **trained, "win_rate": verdict.win_rate, "low": verdict.low,
+                   "high": verdict.high, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers)}
+            print(json.dumps(row), flush=True)
+            table.append(row)
+            previous = out_dir
+    print("\n| arm | round | pairs | label smoothing | judge win rate over v0 [95% CI] | KL to v0 | ended | DPO s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in table:
+        note = " (its ranked pairs left out)" if r["ranked_left_out"] else ""
+        print(f"| {r['arm']} | {r['round']} | {r['pairs']}{note} | {r['label_smoothing']:.2f} | {r['win_rate']:.1%} "
+              f"[{r['low']:.1%}, {r['high']:.1%}] | {r['kl_to_v0']:.2f} | {r['ended']:.0%} | {r['seconds']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
