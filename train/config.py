@@ -554,8 +554,8 @@ class DPOConfig:
                           "variance growing as 1 / (1 - 2e)). 'auto': the expected share of wrong labels among the round's "
                           "pairs, at the least flip rate that how often annotators agree allows (the 95% bound; [reward_model] "
                           "flip_rate, where set, is taken as it is), a pair two agreeing votes decided counting less than one "
-                          "vote's. The bound, not the estimate: above the true rate the robust loss pushes every margin up "
-                          "without end, below it the push stays bounded, so few overlapped votes give nearly plain DPO. A "
+                          "vote's. The bound, not the estimate: above the true rate the robust loss never stops pushing a "
+                          "margin up, below it the margin stops at a finite value, so few overlapped votes give nearly plain DPO. A "
                           "number from 0 to below 0.5 fixes it by hand; 0 is plain DPO."},
     )
     epochs: int = field(

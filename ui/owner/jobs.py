@@ -420,8 +420,8 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     row carries the probability that its label is right, from which the worker sets [dpo] label_smoothing = "auto"
     (train.dpo.label_smoothing). With [reward_model] flip_rate = "auto" that probability is taken at the least flip
     rate the votes allow (FlipRate.low), not at the estimate the reward model uses: robust DPO with a flip rate above
-    the true one pushes every pair's margin up without end, while one below it stays bounded, between the plain loss
-    and the robust one. `read` reads the votes beside the writer, as for submit_reward_training.
+    the true one never stops pushing a pair's margin up, while with one below it the margin stops at a finite value.
+    `read` reads the votes beside the writer, as for submit_reward_training.
     """
     dpo = dataclasses.replace(project.config.dpo, pairs=pairs or project.config.dpo.pairs)
     reward = project.config.reward_model
