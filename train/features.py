@@ -66,8 +66,8 @@ def pooled_states(
     def read(batch: list[int]) -> list[torch.Tensor]:
         input_ids, attention_mask = pad_right([encoded[i].input_ids for i in batch], tokenizer.pad_token_id)  # (B, T)
         with model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext():  # a PEFT model's
-            hidden = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), output_hidden_states=True,
-                           logits_to_keep=1).hidden_states
+            hidden = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), output_hidden_states=list(layers),
+                           logits_to_keep=1).hidden_states  # only these layers' states are kept, the others None
         pooled = pool(hidden, layers, poolings, attention_mask.sum(dim=1), torch.tensor([encoded[i].response_tokens for i in batch]))
         if on_batch is not None:
             on_batch(len(batch))

@@ -1,7 +1,8 @@
 """Batched sampling from a chat model: prompts in, completion texts with token counts out."""
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -60,7 +61,7 @@ def generate(
         key=lambda i: -len(encoded[i]),
     )
     eos_ids = end_of_turn_ids(model, tokenizer)
-    with tqdm(total=len(jobs), desc="generating", unit="completion", disable=not progress) as bar:
+    with lora_folded(model), tqdm(total=len(jobs), desc="generating", unit="completion", disable=not progress) as bar:
 
         def done(count: int) -> None:
             bar.update(count - bar.n)
@@ -100,6 +101,63 @@ def _generate_batch(model, tokenizer, prompt_indices, input_ids, config, eos_ids
             finished=finished,
         ))
     return results
+
+
+@contextmanager
+def lora_folded(model) -> Iterator[None]:
+    """Inside, a PEFT model's active LoRA adapter is folded into its base's weights and every adapter is off, so the
+    model computes the adapted policy as a plain model does; after, every base weight is the tensor it was, bit for bit.
+
+    Sampling through the unfolded LoRA halved generation's speed on a GPU (scripts/BENCHMARKS.md): two small matmuls
+    a layer at every token. A fold and an unfold are not exact in floating point, and the reference and the reward
+    model read the same base, so the touched weights are copied first and copied back after. That copy needs the
+    touched weights' size again: on a GPU without that much free, as with a quantised base, which cannot take the
+    fold, the model samples through the adapter as it is.
+    """
+    layers = _active_lora_layers(model)
+    if layers and not _room_for_copies([layer.get_base_layer().weight for layer, _ in layers]):
+        layers = []
+    kept = []
+    with torch.no_grad():
+        for layer, adapter in layers:
+            weight = layer.get_base_layer().weight
+            kept.append((weight, weight.clone()))
+            weight.add_(layer.get_delta_weight(adapter))  # in place: a compiled graph keeps reading the same storage
+    try:
+        if kept:
+            with model.disable_adapter():
+                yield
+        else:
+            yield
+    finally:
+        _restore(kept)
+
+
+def _active_lora_layers(model) -> list:
+    """(LoRA layer, adapter name) of a PEFT model's active adapter on a base that is not quantised; else none."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel) or getattr(model.get_base_model(), "is_quantized", False):
+        return []
+    adapter = model.active_adapter
+    return [(m, adapter) for m in model.modules() if isinstance(m, LoraLayer) and adapter in m.lora_A]
+
+
+def _room_for_copies(weights: list[torch.Tensor]) -> bool:
+    """Whether copies of these weights fit in their GPU's free memory, with a tenth to spare; always on a CPU."""
+    device = weights[0].device
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # held by torch's cache, free to reuse
+    return sum(w.numel() * w.element_size() for w in weights) * 1.1 < free
+
+
+def _restore(kept: list) -> None:
+    with torch.no_grad():
+        for weight, original in kept:
+            weight.copy_(original)
 
 
 def end_of_turn_ids(model, tokenizer) -> set[int]:

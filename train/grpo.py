@@ -22,7 +22,7 @@ from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_fro
 from train.batching import in_batches
 from train.config import GRPOConfig
 from train.errors import ModelError
-from train.generate import Messages
+from train.generate import Messages, lora_folded
 from train.models import prepare_for_training
 from train.ppo import RewardScorer, frozen_head, load_adapter_weights, shared_reward_scores
 from train.reward_model import RewardAdapter
@@ -160,7 +160,17 @@ def train_grpo(
         copies = -(-config.prompts_per_step // len(prompts))
         dataset = Dataset.from_list([{"prompt": p} for p in prompts * copies])
         shared = SharedReward(reward, tokenizer)
-        trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+
+        class FoldedGRPOTrainer(GRPOTrainer):
+            """TRL's GRPO, sampling its groups with the policy's LoRA folded into the base, as every job samples."""
+
+            def _generate_single_turn(self, *args, **kwargs):
+                with lora_folded(self.model):
+                    return super()._generate_single_turn(*args, **kwargs)
+
+        # TRL samples with compilation off (disable_compile), and a static cache is no faster uncompiled.
+        model.generation_config.cache_implementation = None
+        trainer = FoldedGRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               reward_funcs=penalised_scores(shared.score, config, tokenizer.eos_token_id), callbacks=[log])
         shared.attach(trainer.model)  # the PeftModel TRL made on the base: the policy's adapter is its `default`
         train_from(trainer, policy_dir)

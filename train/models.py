@@ -167,8 +167,8 @@ def checkpoint_in_eval_mode(model: PreTrainedModel) -> None:
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    if not model.is_gradient_checkpointing:  # PEFT's k-bit recipe turns it on for a quantised base
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    if not model.is_activation_checkpointing:  # PEFT's k-bit recipe turns it on for a quantised base
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
         model.enable_input_require_grads()  # reentrant checkpointing needs an input that carries gradients
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer):
@@ -188,8 +188,29 @@ def trainable_in_float32(model: torch.nn.Module) -> None:
             parameter.data = parameter.data.float()
 
 
-def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model (with a LoRA adapter on top when given) in eval mode, and its left-padding tokenizer."""
+# On an H200 the compile took about 21 s once a job on a 1B model, after which a decode step took 5 ms against 18.6 ms
+# uncompiled (scripts/BENCHMARKS.md): it pays from about 1,500 decode steps. Both costs grow with the model's depth,
+# so where they meet moves less than either.
+COMPILE_PAYS_FROM = 1500  # decode steps in one job
+
+
+def compiles(config: ModelConfig, decode_steps: int) -> bool:
+    """Whether a job that samples for `decode_steps` steps does so through a static key-value cache, which transformers
+    compiles on a CUDA GPU: [model] compile."""
+    if config.compile == "auto":
+        return device(config).type == "cuda" and config.quantization == "none" and decode_steps >= COMPILE_PAYS_FROM
+    return config.compile
+
+
+def decode_steps_for(sequences: int, batch_size: int, max_new_tokens: int) -> int:
+    """The forward passes that sampling `sequences` in batches of `batch_size` takes at most: one a token, a batch."""
+    return -(-sequences // batch_size) * max_new_tokens
+
+
+def load_model(config: ModelConfig, adapter_path: str | None = None,
+               decode_steps: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (with a LoRA adapter on top when given) in eval mode, and its left-padding tokenizer; set to sample through
+    a compiled static cache where [model] compile says so for a job of `decode_steps` decode steps."""
     path = resolve_model_path(config.name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -205,7 +226,7 @@ def load_model(config: ModelConfig, adapter_path: str | None = None) -> tuple[Pr
     # samples from another distribution than the one its loss scores. Only the token ids are kept.
     model.generation_config = GenerationConfig(
         bos_token_id=model.generation_config.bos_token_id, eos_token_id=model.generation_config.eos_token_id,
-        pad_token_id=model.generation_config.pad_token_id,
+        pad_token_id=model.generation_config.pad_token_id, cache_implementation="static" if compiles(config, decode_steps) else None,
     )
     tokenizer.padding_side = "left"
     if adapter_path is not None:

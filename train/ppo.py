@@ -50,7 +50,7 @@ from train.config import PPOConfig
 from train.errors import ModelError
 from train.files import built_beside
 from train.features import FeatureSpec, pool
-from train.generate import end_of_turn_ids
+from train.generate import end_of_turn_ids, lora_folded
 from train.hardware import uses_bf16
 from train.models import checkpoint_in_eval_mode, prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
@@ -95,12 +95,14 @@ class PolicyWithHeads(nn.Module):
     def logits(self, input_ids, attention_mask, keep: int) -> torch.Tensor:
         """(B, keep, V) next-token logits at the last `keep` positions, under the active adapter."""
         return self.peft_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), logits_to_keep=keep
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), logits_to_keep=keep,
+            use_cache=False,
         ).logits
 
     def hidden(self, input_ids, attention_mask) -> torch.Tensor:
         """(B, T, H) last hidden states under the active adapter."""
-        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).last_hidden_state
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                             use_cache=False).last_hidden_state
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -217,7 +219,8 @@ def sample(model: PolicyWithHeads, tokenizer, prompts: list[Messages], config: P
         return list(output[:, query_ids.shape[1] :])
 
     # In one batch unless it runs out of GPU memory; parts of it come back with their own widths.
-    responses = in_batches(list(range(len(prompts))), len(prompts), generate, "PPO's rollouts")
+    with lora_folded(model.peft_model):
+        responses = in_batches(list(range(len(prompts))), len(prompts), generate, "PPO's rollouts")
     response_ids = nn.utils.rnn.pad_sequence(responses, batch_first=True, padding_value=tokenizer.pad_token_id)  # (B, R)
     is_eos = torch.isin(response_ids, torch.tensor(sorted(eos_ids), device=device))
     finished = is_eos.any(dim=1)
@@ -324,7 +327,8 @@ def shared_reward_scores(peft_model, reward_head: nn.Linear, scorer: RewardScore
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     if scorer.features is not None:
         with peft_model.disable_adapter():
-            hidden = peft_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+            hidden = peft_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(scorer.features.layers),
+                                logits_to_keep=1).hidden_states  # only the head's layers are kept, the others None
         spec = scorer.features
         features = pool(hidden, spec.layers, (spec.pooling,), attention_mask.sum(dim=1), torch.tensor([e.response_tokens for e in encoded]))
         return reward_and_uncertainty(scorer.normalization.apply(reward_head(features.flatten(start_dim=1))))
@@ -525,7 +529,7 @@ def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller
     """
     started = time.perf_counter()
     batch = sample(model, scorer.tokenizer, prompts, config, eos_ids)
-    generated_seconds = time.perf_counter() - started
+    sampled = time.perf_counter()
     rollout, diagnostics = evaluate(model, scorer, prompts, batch, config)
     beta = controller.beta
     kl = add_rewards(rollout, beta)
@@ -539,15 +543,18 @@ def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller
         "entropy": masked_mean(diagnostics["entropy"], mask).item(),
         "response_length": mask.sum(dim=1).mean().item(),
         "finished": rollout.finished.float().mean().item(),
-        "generate_seconds": generated_seconds,
+        "generate_seconds": sampled - started,
     })
     stats |= {"beta": beta, "generated_tokens": int(distributed.all_sum(mask.sum()).item())}
+    scored = time.perf_counter()  # after .item(), which waits for the GPU
+    stats["score_seconds"] = scored - sampled
     kl_per_response = stats["kl"]
     if kl_budget and kl_per_response > kl_budget:
         stats["over_budget"] = 1.0
     else:
         stats |= update(model, optimizer, rollout, config, generator)
         controller.update(kl_per_response)
+    stats["update_seconds"] = time.perf_counter() - scored
     stats["seconds"] = time.perf_counter() - started
     return stats, rollout
 

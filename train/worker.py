@@ -48,14 +48,15 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
     """Sample completions for the frozen prompts, scored by the reward model at config["reward_adapter_path"] when
     given; write completions.parquet."""
     from train.generate import PromptTooLong, generate
-    from train.models import load_model
+    from train.models import decode_steps_for, load_model
 
     prompts = pq.read_table(input_path(job_dir, "prompts")).to_pylist()
     mine = distributed.shard(prompts)
     generation = GenerationConfig(**config["generation"])
     if generation.seed is not None:  # each process its own draws, on its own prompts
         generation = dataclasses.replace(generation, seed=generation.seed + distributed.rank())
-    model, tokenizer = load_model(ModelConfig(**config["model"]), config["adapter_path"])
+    steps = decode_steps_for(len(mine) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
+    model, tokenizer = load_model(ModelConfig(**config["model"]), config["adapter_path"], steps)
     events.emit("started", total=len(prompts) * generation.per_prompt)
 
     def progress(done: int, total: int) -> None:
@@ -212,7 +213,7 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
     ppo = PPOConfig(**config["ppo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    model, tokenizer = load_model(ModelConfig(**config["model"]))
+    model, tokenizer = load_model(ModelConfig(**config["model"]), decode_steps=ppo.steps * ppo.max_new_tokens)  # a batch a step
     events.emit("started", prompts=len(prompts), total_steps=ppo.steps)
 
     def step(stats: dict[str, Any]) -> None:
@@ -252,11 +253,12 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
     """The policy's dpo.candidates answers to each frozen prompt, ranked by the reward model: train.dpo.ranked_pairs."""
     from train.dpo import ranked_pairs
     from train.generate import generate
-    from train.models import load_model
+    from train.models import decode_steps_for, load_model
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
     generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=dpo.seed)
-    model, tokenizer = load_model(base, config["policy_adapter_path"])
+    steps = decode_steps_for(len(prompts) * dpo.candidates, generation.batch_size, generation.max_new_tokens)
+    model, tokenizer = load_model(base, config["policy_adapter_path"], steps)
     generated = generate(model, tokenizer, prompts, generation, progress=False,
                          on_progress=lambda done, total: events.emit("progress", done=done, total=total, progress=done / total))
     del model  # the reward model loads the base again: one at a time

@@ -124,6 +124,10 @@ def test_generate_samples_from_a_policy_adapter(tiny_project, tiny_model_dir):
     result = run_tether("generate", "--project", str(tiny_project))
     assert result.returncode == 0, result.stderr
     assert "from policy v1" in result.stdout
+    # The job's log, which the operator reads, says nothing of libraries' internals: bitsandbytes' optional CPU kernel,
+    # with nothing 4-bit here, or PEFT's use of a deprecated transformers property.
+    log = next((tiny_project / "jobs").glob("*/worker.log")).read_text()
+    assert "peak memory" in log and "kernels-community" not in log and "Warning" not in log
     missing = run_tether("generate", "--policy", "7", "--project", str(tiny_project))
     assert missing.returncode == 1
     assert "no policy version 7 (the project has: 0, 1)" in missing.stderr
@@ -192,6 +196,78 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
     assert expected != 0
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)
+
+
+def random_policy(model, seed: int = 0):
+    """A LoRA policy on every linear layer with B drawn at random, as a trained policy's is, so that folding changes the weights."""
+    policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    return policy
+
+
+def base_weights(policy) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in policy.named_parameters() if "lora_" not in name}
+
+
+def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_and_its_base_comes_back_bit_for_bit(tiny_model_dir):
+    from train.generate import end_of_turn_ids, lora_folded
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    policy = random_policy(model)
+    before = base_weights(policy)
+    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        unfolded = policy(**ids).logits
+        with lora_folded(policy):
+            folded = policy(**ids).logits
+            changed = [n for n, p in policy.named_parameters() if "lora_" not in n and not torch.equal(p, before[n])]
+    assert len(changed) == 2 * 7  # each layer's seven linear weights carry the fold, and nothing else does
+    assert torch.allclose(folded, unfolded, atol=1e-5) and not torch.equal(folded, unfolded)  # computed another way, the same policy
+
+    eos = sorted(end_of_turn_ids(policy, tokenizer))
+    config = GenerationConfig(temperature=0, max_new_tokens=10, batch_size=3, per_prompt=1)
+    ours = generate(policy, tokenizer, CHAT_PROMPTS, config, progress=False)
+    assert [(g.text, g.token_count, g.finished) for g in ours] == [reference_greedy(policy, tokenizer, p, 10, eos) for p in CHAT_PROMPTS]
+    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+
+
+def test_a_quantised_policy_samples_through_its_adapter_unfolded(tiny_model_dir):
+    from train.generate import lora_folded
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir), quantization="8bit"))
+    policy = random_policy(model)
+    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        unfolded = policy(**ids).logits
+        with lora_folded(policy):
+            assert torch.equal(policy(**ids).logits, unfolded)
+
+
+def test_a_compiled_static_cache_is_the_cpus_dynamic_one_token_for_token(tiny_model_dir):
+    config = GenerationConfig(temperature=0, max_new_tokens=10, batch_size=2, per_prompt=1)
+    dynamic, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    static, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir), compile=True))
+    assert dynamic.generation_config.cache_implementation is None  # 'auto' is off on a CPU
+    assert static.generation_config.cache_implementation == "static"
+    policies = [random_policy(m) for m in (dynamic, static)]
+    static_answers, dynamic_answers = (generate(policy, tokenizer, CHAT_PROMPTS, config, progress=False) for policy in policies[::-1])
+    assert static_answers == dynamic_answers
+
+
+def test_auto_compiles_on_a_gpu_with_a_base_not_quantised_in_a_job_long_enough_to_pay_the_compile_back():
+    from dataclasses import replace
+
+    from train.models import COMPILE_PAYS_FROM, compiles, decode_steps_for
+
+    gpu = ModelConfig(device="cuda")
+    assert compiles(gpu, COMPILE_PAYS_FROM) and not compiles(gpu, COMPILE_PAYS_FROM - 1)
+    assert not compiles(replace(gpu, quantization="4bit"), 10**6) and not compiles(ModelConfig(device="cpu"), 10**6)
+    assert compiles(ModelConfig(device="cpu", compile=True), 0) and not compiles(replace(gpu, compile=False), 10**6)
+    assert decode_steps_for(65, 16, 64) == 5 * 64  # a last batch of one takes its steps too
 
 
 def test_cli_generate_with_four_answers_per_task_makes_tasks_to_rank(tiny_project):

@@ -63,8 +63,13 @@ def test_features_are_the_base_states_averaged_over_the_answer_whatever_the_batc
     model, tokenizer = load_plain(tiny_model_dir)
     prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(len(ANSWERS))]
     spec = FeatureSpec(layers=(0, 2), pooling="mean", max_length=64)
+    kept = []  # which layers' states each forward pass kept
+    hook = model.register_forward_hook(
+        lambda module, args, output: kept.append([i for i, s in enumerate(output.hidden_states) if s is not None]))
     batched = response_features(model, tokenizer, prompts, ANSWERS, spec, batch_size=3)
+    hook.remove()
     assert batched.shape == (3, 2 * model.config.hidden_size)
+    assert kept == [[0, 2]]  # the read layers' alone, not every layer's
     for i, (prompt, answer) in enumerate(zip(prompts, ANSWERS)):
         encoded = encode(tokenizer, prompt, answer, 64)
         with torch.no_grad():

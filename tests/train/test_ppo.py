@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+from peft.tuners.lora import LoraLayer
 
 from tests.conftest import DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, load_plain, set_settings, shipping_sampling_defaults
 from train.config import ModelConfig, PPOConfig
@@ -67,6 +68,31 @@ def test_the_reference_is_unchanged_by_an_update_and_the_policy_is_changed(wrapp
         after = response_logprobs(model, *args, config.temperature).detach()
     assert torch.equal(before, after)
     assert not torch.allclose(policy_before, response_logprobs(model, *args, config.temperature).detach())
+
+
+def test_rollouts_sample_with_the_policy_folded_what_it_samples_unfolded_and_the_base_comes_back_bit_for_bit(wrapped):
+    model, tokenizer, config, _ = wrapped
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.peft_model.named_parameters():
+            if ".policy." in name and "lora_B" in name:  # a trained policy's, not the fresh one's zeros
+                param.normal_(0, 0.05)
+    before = {n: p.detach().clone() for n, p in model.peft_model.named_parameters() if "lora_" not in n}
+    eos = end_of_turn_ids(model.peft_model, tokenizer)
+    base_layer = next(m for m in model.peft_model.modules() if isinstance(m, LoraLayer)).get_base_layer()
+    original = base_layer.weight.detach().clone()
+    folded = []  # whether each forward pass through that layer saw its weight with the policy folded in
+    hook = base_layer.register_forward_hook(lambda module, inputs, output: folded.append(not torch.equal(module.weight, original)))
+    torch.manual_seed(7)
+    query_ids, query_mask, response_ids, response_mask, _ = sample(model, tokenizer, PPO_PROMPTS * 4, config, eos)
+    hook.remove()
+    assert folded and all(folded)
+    assert all(torch.equal(p, before[n]) for n, p in model.peft_model.named_parameters() if "lora_" not in n)
+    torch.manual_seed(7)
+    unfolded = model.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos))
+    unfolded = unfolded[:, query_ids.shape[1]:]
+    assert torch.equal(response_ids, unfolded.masked_fill(response_mask == 0, tokenizer.pad_token_id))
+    assert (response_mask.sum(dim=1) > 2).all()
 
 
 def test_rewards_are_the_kl_penalty_per_token_and_the_score_on_the_last_token_only(wrapped):

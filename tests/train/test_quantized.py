@@ -86,6 +86,11 @@ def test_every_job_registers_its_result_on_a_quantised_base(tiny_project, tmp_pa
         reward_models = con.execute("SELECT version FROM reward_models ORDER BY version").fetchall()
     assert rounds == [(1, "done", "ppo", 1), (2, "done", "dpo", 2), (3, "done", "grpo", 3)]
     assert reward_models == [(1,), (2,)]
+    # The jobs' logs, which the operator reads, say nothing of libraries' internals (checkpointing PPO's update
+    # once warned of the cache, which only sampling uses).
+    logs = "".join(log.read_text() for log in (tiny_project / "jobs").glob("*/worker.log"))
+    assert "PPO" in logs or "responses sampled" in logs
+    assert not any(line in logs for line in ("Caching is incompatible", "kernels-community", "FutureWarning"))
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)

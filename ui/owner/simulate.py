@@ -216,14 +216,15 @@ def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messag
     """per_prompt answers (train.generate.Generated) to each prompt from a policy version (or the adapter in a folder),
     grouped by prompt, the same seed for every version; and the policy's KL to the base on them."""
     from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
-    from train.models import load_model
+    from train.models import decode_steps_for, load_model
 
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
     if isinstance(policy, Path):
         adapter = str(policy)
     else:
         adapter = str(project.root / policy.adapter_path) if policy.adapter_path else None
-    model, tokenizer = load_model(project.config.model, adapter)
+    steps = decode_steps_for(len(prompts) * per_prompt, config.batch_size, config.max_new_tokens)
+    model, tokenizer = load_model(project.config.model, adapter, steps)
     answers = generate(model, tokenizer, prompts, config)
     if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
         return answers, 0.0 if adapter is None else float("nan")
