@@ -16,8 +16,17 @@ reports:
 - ppo: PPO's generated tokens/s over --steps steps (train_ppo against the rm arm's LoRA reward
   model, as TRL's arm reads it; with --ppo-reward head, against the head arm's, the product's
   default), the share of step time spent generating, and peak GPU memory;
-- generate: Tether's generate() tokens/s against model.generate on the same batches, same
-  sampling, in one process (target: >= 0.9x).
+- generate: Tether's generate() tokens/s, sampling from a policy (a rank-16 LoRA on every linear
+  layer, with B drawn at random so that it changes the model), against model.generate on the
+  base with transformers' dynamic cache (today's plain generation), on the same batches and
+  sampling, in one process, each timed after a first call (whose seconds, a compile's included,
+  are reported).
+Against the device's limits (its peak figures looked up from its name, or given by flag):
+generation's and PPO's tokens/s as a share of the memory-bandwidth bound for their batch (each
+decode step reads the block weights, the LM head and the batch's key-value cache once), PPO's
+time split between sampling, scoring and its update, and the reward model's training FLOP/s
+as a share of the bf16 peak (4 FLOPs a block weight a token: forward, and backward to the
+activations only, since the base is frozen; 6 with gradient checkpointing's recompute).
 Then, on the 1B model in bf16, TRL 1.12.0's PPOTrainer with the same settings (scripts/bench_ppo.py's
 TRL arm, in its own environment) and Tether's ratios to it (targets: >= 1.3x tokens/s, <= 0.7x
 peak memory), and 4-bit's peak memory against bf16's on the 3B model (target: <= 0.45x).
@@ -53,6 +62,10 @@ SHAPES = {
     "3B": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 32000},
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},
 }
+# Nominal peaks from the vendors' data sheets: memory bandwidth in TB/s and dense bf16 TFLOP/s; the first entry whose
+# name the device's contains.
+PEAKS = [("H200", 4.8, 989), ("H100 PCIe", 2.0, 756), ("H100", 3.35, 989), ("A100-SXM4-40GB", 1.555, 312), ("A100", 2.0, 312),
+         ("L40S", 0.864, 362), ("L4", 0.3, 121), ("A10", 0.6, 125)]
 FORMATS = {"bf16": "none", "4bit": "4bit"}  # name -> [model] quantization, both on bfloat16 weights
 ARMS = ("rm", "head", "ppo", "generate")
 REWARD_ARMS = {"lora": "rm", "head": "head"}  # --ppo-reward -> the arm that trains it, in the folder of its name
@@ -111,9 +124,17 @@ def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
     # One head: the TRL arm merges this reward model into a scalar classifier.
     config = RewardModelConfig(heads=1, batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
                                gradient_checkpointing={"true": True, "false": False}.get(options.gradient_checkpointing, "auto"))
+    from transformers import AutoTokenizer
+
+    from train.reward_model import encode_pairs
+
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
-    metrics = train_reward_model(str(model_dir), rows, [], config, out, base=ModelConfig(dtype="bfloat16", quantization=quantization))
-    return {"pairs_per_second": metrics["pairs_per_second"], "peak_gpu_gb": peak_gpu_gb()}
+    base = ModelConfig(dtype="bfloat16", quantization=quantization)
+    metrics = train_reward_model(str(model_dir), rows, [], config, out, base=base)
+    encoded = encode_pairs(AutoTokenizer.from_pretrained(model_dir), rows, options.rm_max_length)
+    tokens = sum(len(c) + len(r) for c, r in zip(encoded.chosen_ids, encoded.rejected_ids))
+    return {"pairs_per_second": metrics["pairs_per_second"], "tokens_per_pair": tokens / len(rows),
+            "checkpointing": config.checkpointing(base), "peak_gpu_gb": peak_gpu_gb()}
 
 
 def arm_head(model_dir: Path, out: Path, quantization: str, options) -> dict:
@@ -131,24 +152,39 @@ def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> di
     from train.models import load_model
     from train.ppo import train_ppo
 
-    model, tokenizer = load_model(ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization))
+    base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
+    model, tokenizer = load_model(base)
     with tempfile.TemporaryDirectory(prefix="bench-policy-") as scratch:
         steps = train_ppo(model, tokenizer, prompts(), reward_dir, ppo_config(options), Path(scratch) / "policy")["steps"]
     seconds = sum(s["seconds"] for s in steps)
+    later = steps[1:] or steps  # past the first step, which compiles where sampling is compiled
     return {"tokens_per_second": sum(s["generated_tokens"] for s in steps) / seconds,
-            "generate_share": sum(s["generate_seconds"] for s in steps) / seconds, "steps": len(steps),
+            "later_tokens_per_second": sum(s["generated_tokens"] for s in later) / sum(s["seconds"] for s in later),
+            "first_step_seconds": steps[0]["seconds"],
+            "generate_share": sum(s["generate_seconds"] for s in steps) / seconds,
+            "score_share": sum(s["score_seconds"] for s in steps) / seconds,
+            "update_share": sum(s["update_seconds"] for s in steps) / seconds, "steps": len(steps),
             "generated_tokens": sum(s["generated_tokens"] for s in steps), "train_seconds": seconds, "peak_gpu_gb": peak_gpu_gb()}
 
 
 def arm_generate(model_dir: Path, quantization: str, options) -> dict:
-    """Tether's generate() and model.generate on the same prompts, batch and sampling, each timed after a warm-up."""
+    """Tether's generate() from a policy, and model.generate from the base with the dynamic cache, on the same prompts,
+    batch and sampling, each timed after a first call."""
     import torch
+    from peft import LoraConfig, get_peft_model
 
     from train.config import GenerationConfig, ModelConfig
     from train.generate import end_of_turn_ids, generate
     from train.models import load_model
 
-    model, tokenizer = load_model(ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization))
+    base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
+    model, tokenizer = load_model(base)
+    policy = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:  # B starts at zero, which would leave nothing to fold
+                parameter.normal_(0, 0.02)
     batch = (prompts() * options.generate_batch)[: options.generate_batch]
     config = GenerationConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=options.max_new_tokens,
                               batch_size=options.generate_batch, per_prompt=1, seed=0)
@@ -157,24 +193,27 @@ def arm_generate(model_dir: Path, quantization: str, options) -> dict:
     inputs = tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt").to(model.device)
 
     def raw() -> int:
-        with torch.inference_mode():
-            output = model.generate(**inputs, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        with torch.inference_mode(), policy.disable_adapter():
+            output = model.generate(**inputs, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, cache_implementation="dynamic",
                                     max_new_tokens=options.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
         responses = output[:, inputs["input_ids"].shape[1] :]
         is_eos = torch.isin(responses, torch.tensor(eos, device=responses.device))
         return int(torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, responses.shape[1]).sum())
 
     def ours() -> int:
-        return sum(g.token_count for g in generate(model, tokenizer, batch, config, progress=False))
+        return sum(g.token_count for g in generate(policy, tokenizer, batch, config, progress=False))
 
-    timings = {}
+    timings, first_seconds = {}, {}
     for name, run in (("raw", raw), ("tether", ours), ("raw", raw), ("tether", ours)):  # the first of each warms up
         synchronize()
         started = time.perf_counter()
         tokens = run()
         synchronize()
+        first_seconds.setdefault(name, time.perf_counter() - started)
         timings[name] = tokens / (time.perf_counter() - started)
-    return {"tokens_per_second": timings["tether"], "raw_tokens_per_second": timings["raw"], "peak_gpu_gb": peak_gpu_gb()}
+    return {"tokens_per_second": timings["tether"], "raw_tokens_per_second": timings["raw"], "first_call_seconds": first_seconds["tether"],
+            "compiled": model.generation_config.cache_implementation == "static" and model.device.type == "cuda",
+            "peak_gpu_gb": peak_gpu_gb()}
 
 
 def synchronize() -> None:
@@ -210,6 +249,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of the 1B and 3B ones, and small batches: runs on a CPU")
     parser.add_argument("--sizes", nargs="+", choices=["1B", "3B"], default=["1B", "3B"], help="model sizes [default: 1B 3B]")
+    parser.add_argument("--compile", choices=["auto", "true", "false"], default="true",
+                        help="[model] compile for the ppo and generate arms; 'auto' compiles only a job of 1,500 decode steps or "
+                             "more, which these short runs stand for [default: true]")
+    parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS),
+                        help="weight formats on a GPU [default: both]; a CPU runs bf16 alone")
     parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's PPOTrainer (it installs TRL 1.12.0 in .bench/)")
     parser.add_argument("--pairs", type=int, default=256, help="reward-model training pairs [default: 256]")
     parser.add_argument("--rm-batch-size", type=int, default=16, help="reward-model batch [default: 16]")
@@ -225,11 +269,14 @@ def main() -> None:
                         help="which arms run [default: all]; ppo needs the reward model it reads")
     parser.add_argument("--ppo-reward", choices=list(REWARD_ARMS), default="lora",
                         help="the reward model PPO optimises: the rm arm's LoRA model, as TRL's arm does, or the head arm's [default: lora]")
+    parser.add_argument("--peak-bandwidth", type=float, help="the device's memory bandwidth in TB/s [default: looked up from its name]")
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 TFLOP/s [default: looked up from its name]")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quantization", help=argparse.SUPPRESS)
     options = parser.parse_args()
+    options.compile = {"true": True, "false": False}.get(options.compile, "auto")
     if options.tiny:
         options.sizes = ["tiny"]
         options.pairs, options.rm_batch_size, options.rm_max_length = min(options.pairs, 16), min(options.rm_batch_size, 4), 128
@@ -244,14 +291,16 @@ def main() -> None:
 
     import torch
 
-    formats = FORMATS if torch.cuda.is_available() else {"bf16": "none"}
+    formats = {name: FORMATS[name] for name in options.formats} if torch.cuda.is_available() else {"bf16": "none"}
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (4-bit needs CUDA: left out)"
     results: dict[tuple[str, str, str], dict] = {}
+    shapes = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
         work = Path(scratch)
         for size in options.sizes:
             model_dir = work / size
             run_child(options, "build", model_dir, work, "none")
+            shapes[size] = shape_of(model_dir)
             for name, quantization in formats.items():
                 for arm in options.arms:
                     results[size, name, arm] = run_child(options, arm, model_dir, work / f"{size}-{name}", quantization)
@@ -259,6 +308,65 @@ def main() -> None:
                 results[size, "bf16", "trl"] = run_trl(options, model_dir, work / f"{size}-bf16")
             run_child(options, "remove", model_dir, work, "none")  # 6 GB for the 3B model
     report(options, results, device, formats)
+    peaks = device_peaks(device, options)
+    if peaks:
+        report_limits(options, results, formats, shapes, *peaks)
+
+
+def shape_of(model_dir: Path) -> dict:
+    """What the limits depend on: the weights a decode step reads, a token's key-value cache and the demo prompts' length."""
+    from transformers import AutoTokenizer
+
+    from train.memory import NF4_BYTES, model_shape
+
+    shape = model_shape(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+               for m in prompts()]
+    head = shape.vocab * shape.hidden * 2  # the LM head, bf16 in both formats
+    return {"step_bytes": {"bf16": shape.block_parameters * 2 + head, "4bit": shape.block_parameters * NF4_BYTES + head},
+            "kv_bytes_per_token": shape.layers * 2 * shape.kv_width * 2, "block_parameters": shape.block_parameters,
+            "prompt_tokens": sum(lengths) / len(lengths)}
+
+
+def device_peaks(device: str, options) -> tuple[float, float] | None:
+    """(bytes/s, FLOP/s): the flags', else the first PEAKS entry the device's name contains; None for a CPU or an unknown GPU."""
+    looked_up = next(((bandwidth, tflops) for name, bandwidth, tflops in PEAKS if name in device), (None, None))
+    bandwidth, tflops = options.peak_bandwidth or looked_up[0], options.peak_tflops or looked_up[1]
+    if bandwidth is None or tflops is None:
+        print(f"no peak figures for {device}: give --peak-bandwidth and --peak-tflops to see each throughput against them")
+        return None
+    return bandwidth * 1e12, tflops * 1e12
+
+
+def bandwidth_bound(shape: dict, name: str, batch: int, options, bandwidth: float) -> float:
+    """Tokens/s no sampler can pass at this batch: a decode step reads the weights and the batch's cache at its mean length."""
+    context = shape["prompt_tokens"] + options.max_new_tokens / 2
+    return batch * bandwidth / (shape["step_bytes"][name] + batch * context * shape["kv_bytes_per_token"])
+
+
+def report_limits(options, results: dict, formats: dict, shapes: dict, bandwidth: float, flops: float) -> None:
+    print(f"against the device's limits ({bandwidth / 1e12:.2f} TB/s, {flops / 1e12:.0f} bf16 TFLOP/s; the bounds are estimates):")
+    for size in options.sizes:
+        for name in formats:
+            shape, parts = shapes[size], []
+            if gen := results.get((size, name, "generate")):
+                bound = bandwidth_bound(shape, name, options.generate_batch, options, bandwidth)
+                parts.append(f"generation {gen['tokens_per_second']:,.0f} tokens/s = {gen['tokens_per_second'] / bound:.1%} of {bound:,.0f} "
+                             f"(batch {options.generate_batch}; first call {gen['first_call_seconds']:.1f} s, "
+                             f"{'compiled' if gen['compiled'] else 'not compiled'})")
+            if ppo := results.get((size, name, "ppo")):
+                bound = bandwidth_bound(shape, name, options.batch_size, options, bandwidth)
+                parts.append(f"PPO {ppo['tokens_per_second']:,.0f} tokens/s = {ppo['tokens_per_second'] / bound:.1%} of {bound:,.0f} "
+                             f"(batch {options.batch_size}; past the first step, of {ppo['first_step_seconds']:.1f} s, "
+                             f"{ppo['later_tokens_per_second']:,.0f}), its time {ppo['generate_share']:.0%} sampling, "
+                             f"{ppo['score_share']:.0%} scoring, {ppo['update_share']:.0%} update")
+            if rm := results.get((size, name, "rm")):
+                per_token = (6 if rm["checkpointing"] else 4) * shape["block_parameters"]
+                achieved = rm["pairs_per_second"] * rm["tokens_per_pair"] * per_token
+                parts.append(f"reward model {achieved / 1e12:.1f} TFLOP/s = {achieved / flops:.1%} of the peak")
+            if parts:
+                print(f"  {size} {name}: " + "; ".join(parts))
 
 
 def run_child(options, arm: str, model_dir: Path, workdir: Path, quantization: str) -> dict:
@@ -323,21 +431,22 @@ def report(options, results: dict, device: str, formats: dict) -> None:
           f"{options.max_new_tokens} new tokens, reward model {options.ppo_reward}; reward models: {options.pairs} pairs, "
           f"batch {options.rm_batch_size}, max_length {options.rm_max_length}; generation batch {options.generate_batch}")
     print(f"{'model':6} {'format':6} {'RM pairs/s':>10} {'RM mem':>7} {'head s':>7} {'fit s':>6} {'hd mem':>7} {'PPO tok/s':>9} "
-          f"{'gen share':>9} {'PPO mem':>8} {'gen tok/s':>9} {'raw tok/s':>9} {'gen/raw':>7}   ({memory_kind})")
+          f"{'gen share':>9} {'PPO mem':>8} {'gen tok/s':>9} {'dyn tok/s':>9} {'gen/dyn':>7}   ({memory_kind})")
     for size in options.sizes:
         for name in formats:
             print(f"{size:6} {name:6} " + " ".join(cells(size, name)))
     for size in options.sizes:
         for name in formats:
             if gen := results.get((size, name, "generate")):
-                print(f"generation / raw generate, {size} {name}: {gen['tokens_per_second'] / gen['raw_tokens_per_second']:.2f}x (target >= 0.9x)")
+                print(f"generation from a policy / the base's dynamic-cache generate, {size} {name}: "
+                      f"{gen['tokens_per_second'] / gen['raw_tokens_per_second']:.2f}x")
     trl_size = next((s for s in options.sizes if (s, "bf16", "trl") in results), None)
     if trl_size:
         ours, trl = results[trl_size, "bf16", "ppo"], results[trl_size, "bf16", "trl"]
         print(f"TRL 1.12.0 PPOTrainer, {trl_size} bf16: {trl['tokens_per_second']:.1f} tokens/s, {memory(trl):.2f} GB")
         print(f"PPO throughput tether / TRL, {trl_size} bf16: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
         print(f"PPO peak memory tether / TRL, {trl_size} bf16: {memory(ours) / memory(trl):.2f}x (target <= 0.7x)")
-    if "4bit" in formats and "3B" in options.sizes:
+    if {"4bit", "bf16"} <= formats.keys() and "3B" in options.sizes:
         for arm in ("rm", "head", "ppo"):
             if arm in options.arms:
                 ratio = memory(results["3B", "4bit", arm]) / memory(results["3B", "bf16", arm])

@@ -8,7 +8,8 @@ from tests.conftest import REPO
 
 
 def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--tiny", "--skip-trl"],
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--tiny", "--skip-trl", "--peak-bandwidth", "0.05",
+                           "--peak-tflops", "1"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("CPU (4-bit needs CUDA: left out)"), done.stdout
@@ -21,4 +22,11 @@ def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
     assert min(rm_pairs, rm_memory, head_seconds, head_memory, ppo_tokens, ppo_memory, ours, raw) > 0 and 0 < generate_share < 100
     assert fit_seconds <= head_seconds  # the fit is part of the head's job
     assert abs(ratio - ours / raw) < 0.02  # its ratio is of the unrounded rates
+    # Each throughput against the limits given: shares of the bandwidth bound and the FLOP/s peak, and PPO's time split.
+    limits = re.search(r"^  tiny bf16: generation [\d,]+ tokens/s = ([\d.]+)% of [\d,]+ .*; PPO [\d,]+ tokens/s = [\d.]+% of [\d,]+ .*"
+                       r"its time (\d+)% sampling, (\d+)% scoring, (\d+)% update; reward model [\d.]+ TFLOP/s = ([\d.]+)% of the peak$",
+                       done.stdout, re.M)
+    assert limits, done.stdout
+    generation_share, sampling, scoring, updating, flop_share = map(float, limits.groups())
+    assert 0 < generation_share < 100 and 0 < flop_share < 100 and 97 <= sampling + scoring + updating <= 101
     assert "process 0 of 1: 16 rows fitted" in done.stderr and "process 0 of 1: 8 responses sampled over 2 steps" in done.stderr
