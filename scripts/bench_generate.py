@@ -2,8 +2,12 @@
 
 Both runs sample the same number of sequences with the same settings; rounds alternate
 between the two so that machine noise falls on both alike. Prints tokens/s and the ratio.
+With --policy both sample from a policy, a rank-16 LoRA on every linear layer with B drawn at
+random: raw `model.generate` through PEFT with the adapter unfolded, as Tether sampled a policy
+before it folded the adapter into the weights (train.generate.lora_folded).
 
     .venv/bin/python scripts/bench_generate.py --batch-size 16 --max-new-tokens 64
+    .venv/bin/python scripts/bench_generate.py --policy
 """
 
 import argparse
@@ -12,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from peft import LoraConfig, get_peft_model
 
 from train.config import GenerationConfig, ModelConfig
 from train.generate import generate
@@ -46,6 +51,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each")
+    parser.add_argument("--policy", action="store_true", help="sample from a LoRA policy, not the base")
     args = parser.parse_args()
 
     prompts = []
@@ -54,6 +60,13 @@ def main():
         prompts.append(row.get("messages") or [{"role": "user", "content": row["prompt"]}])
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, per_prompt=1)
     model, tokenizer = load_model(ModelConfig(name_or_path=args.model))
+    if args.policy:
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).eval()
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:  # B starts at zero, which would leave nothing to fold
+                    parameter.normal_(0, 0.02)
     torch.manual_seed(0)
     raw_generate(model, tokenizer, prompts[: args.batch_size], config)  # warm-up
 
@@ -71,7 +84,9 @@ def main():
             print(f"round {round_ + 1} {name:>6}: {tokens} tokens in {time.perf_counter() - start:.1f} s")
 
     rates = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
-    print(f"\n{len(prompts)} prompts, batch size {args.batch_size}, max {args.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
+    sampled = "a LoRA policy" if args.policy else "the base"
+    print(f"\n{len(prompts)} prompts from {sampled}, batch size {args.batch_size}, max {args.max_new_tokens} new tokens, "
+          f"{torch.get_num_threads()} threads")
     for name, rate in rates.items():
         print(f"{name:>6}: {rate:7.1f} tokens/s")
     print(f" ratio: {rates['tether'] / rates['raw']:.2f}x (tether / raw)")

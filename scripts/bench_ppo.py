@@ -43,7 +43,13 @@ response's first EOS, or all --max-new-tokens without one, counted alike in both
 generated_tokens; TRL's rollouts as its policy's generate returns them). Training seconds are
 Tether's PPO steps summed and TRL's trainer.train(); loading models and setting up are left out.
 
+With --baseline DIR, the Tether arm of another checkout (say `git worktree add /tmp/before main`)
+runs beside this one's, on the same reward model and prompts, and the ratio of this tree's
+throughput to it is printed: how a change moves PPO's speed, measured in one run. --skip-trl
+leaves TRL's arm out.
+
     .venv/bin/python scripts/bench_ppo.py --steps 8
+    .venv/bin/python scripts/bench_ppo.py --skip-trl --baseline /tmp/before --repeats 3
 """
 
 import argparse
@@ -195,9 +201,13 @@ def arm(name: str, workdir: Path, config: PPOConfig) -> None:
     print(json.dumps(runner(workdir, setup, config)))
 
 
-def measure(name: str, python: Path, workdir: Path) -> dict:
-    """Run one arm in a child process with this invocation's options; its result and its own peak resident memory."""
-    command = [str(python), __file__, *sys.argv[1:], "--arm", name, "--workdir", str(workdir)]
+def measure(name: str, python: Path, workdir: Path, options: argparse.Namespace, script: Path = Path(__file__)) -> dict:
+    """Run one arm of `script` (this one, or a baseline checkout's) in a child process with this invocation's PPO
+    settings; its result and its own peak resident memory."""
+    settings = ("steps", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "lora_r", "lora_alpha", "learning_rate",
+                "temperature", "kl_coef", "seed")
+    flags = [part for key in settings for part in (f"--{key.replace('_', '-')}", str(getattr(options, key)))]
+    command = [str(python), str(script), *flags, "--arm", "tether" if name == "baseline" else name, "--workdir", str(workdir)]
     return run_arm(name, command)
 
 
@@ -217,23 +227,33 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef, help=f"fixed KL coefficient [default: {defaults.kl_coef}]")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed [default: {defaults.seed}]")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each arm, alternating; ratios of medians [default: 1]")
+    parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's arm (and its environment)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of Tether whose PPO runs beside this one's, for the ratio of the two")
     parser.add_argument("--arm", choices=["tether", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.repeats < 1:
         parser.error("--repeats must be at least 1")
+    baseline_script = options.baseline / "scripts" / "bench_ppo.py" if options.baseline else None
+    if baseline_script and not baseline_script.is_file():
+        parser.error(f"--baseline {options.baseline}: no scripts/bench_ppo.py there; give a checkout of Tether")
+    if options.skip_trl and not options.baseline:
+        parser.error("--skip-trl leaves Tether's arm with nothing to compare with: give --baseline too")
     config = ppo_config(options)  # checks the settings before anything is installed or run
     if options.arm:
         return arm(options.arm, options.workdir, config)
 
-    python = trl_python()
-    runs: dict[str, list[dict]] = {"trl": [], "tether": []}
+    python = None if options.skip_trl else trl_python()
+    runs: dict[str, list[dict]] = {"trl": [], "baseline": [], "tether": []}
     with tempfile.TemporaryDirectory(prefix="bench-ppo-") as scratch:
         workdir = Path(scratch)
         prepare(workdir, config)
         for _ in range(options.repeats):
-            runs["trl"].append(measure("trl", python, workdir))
-            runs["tether"].append(measure("tether", Path(sys.executable), workdir))
+            if python:
+                runs["trl"].append(measure("trl", python, workdir, options))
+            if baseline_script:
+                runs["baseline"].append(measure("baseline", Path(sys.executable), workdir, options, baseline_script))
+            runs["tether"].append(measure("tether", Path(sys.executable), workdir, options))
     print(f"{config.steps} steps of {config.batch_size} responses, {config.epochs} epochs of minibatch {config.minibatch_size}, "
           f"max {config.max_new_tokens} new tokens, LoRA r {config.lora_r}, {os.cpu_count()} CPUs")
     print(f"{'':8} {'run':>3} {'steps':>6} {'tokens':>7} {'tok/resp':>8} {'seconds':>8} {'tokens/s':>9} {'peak GB':>8}")
@@ -243,10 +263,15 @@ def main() -> None:
             per_response = r["generated_tokens"] / (r["steps"] * config.batch_size)
             print(f"{name:8} {number:3d} {r['steps']:6d} {r['generated_tokens']:7d} {per_response:8.1f} {r['train_seconds']:8.1f} "
                   f"{r['tokens_per_second']:9.2f} {r['peak_gb']:8.2f}")
-    ours, trl = ({key: statistics.median(r[key] for r in runs[name]) for key in ("tokens_per_second", "peak_gb")} for name in ("tether", "trl"))
-    of = f" (medians of {options.repeats} runs)" if options.repeats > 1 else ""
-    print(f"throughput ratio tether / TRL{of}: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
-    print(f"peak memory ratio tether / TRL{of}: {ours['peak_gb'] / trl['peak_gb']:.2f}x (target <= 0.7x)")
+    medians = {name: {key: statistics.median(r[key] for r in results) for key in ("tokens_per_second", "peak_gb")}
+               for name, results in runs.items() if results}
+    ours, of = medians["tether"], f" (medians of {options.repeats} runs)" if options.repeats > 1 else ""
+    if trl := medians.get("trl"):
+        print(f"throughput ratio tether / TRL{of}: {ours['tokens_per_second'] / trl['tokens_per_second']:.2f}x (target >= 1.3x)")
+        print(f"peak memory ratio tether / TRL{of}: {ours['peak_gb'] / trl['peak_gb']:.2f}x (target <= 0.7x)")
+    if before := medians.get("baseline"):
+        print(f"throughput ratio tether / baseline {options.baseline}{of}: {ours['tokens_per_second'] / before['tokens_per_second']:.2f}x")
+        print(f"peak memory ratio tether / baseline{of}: {ours['peak_gb'] / before['peak_gb']:.2f}x")
 
 
 if __name__ == "__main__":
