@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train.batching import in_batches
 from train.config import GenerationConfig
 from train.errors import ModelError
+from train.hardware import free_bytes
 
 Messages = list[dict[str, str]]
 
@@ -111,11 +112,12 @@ def lora_folded(model) -> Iterator[None]:
     Sampling through the unfolded LoRA halved generation's speed on a GPU (scripts/BENCHMARKS.md): two small matmuls
     a layer at every token. A fold and an unfold are not exact in floating point, and the reference and the reward
     model read the same base, so the touched weights are copied first and copied back after. That copy needs the
-    touched weights' size again: on a GPU without that much free, as with a quantised base, which cannot take the
-    fold, the model samples through the adapter as it is.
+    touched weights' size again, from memory the round's expected peak (train.memory) leaves free: where it is not
+    free, as with a quantised base, which cannot take the fold, the model samples through the adapter as it is.
     """
     layers = _active_lora_layers(model)
-    if layers and not _room_for_copies([layer.get_base_layer().weight for layer, _ in layers]):
+    weights = [layer.get_base_layer().weight for layer, _ in layers]
+    if weights and sum(w.numel() * w.element_size() for w in weights) * 1.1 > free_bytes(weights[0].device):  # a tenth spare
         layers = []
     kept = []
     with torch.no_grad():
@@ -142,16 +144,6 @@ def _active_lora_layers(model) -> list:
         return []
     adapter = model.active_adapter
     return [(m, adapter) for m in model.modules() if isinstance(m, LoraLayer) and adapter in m.lora_A]
-
-
-def _room_for_copies(weights: list[torch.Tensor]) -> bool:
-    """Whether copies of these weights fit in their GPU's free memory, with a tenth to spare; always on a CPU."""
-    device = weights[0].device
-    if device.type != "cuda":
-        return True
-    free, _ = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # held by torch's cache, free to reuse
-    return sum(w.numel() * w.element_size() for w in weights) * 1.1 < free
 
 
 def _restore(kept: list) -> None:

@@ -87,6 +87,19 @@ def machine_memory_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
+def free_bytes(target: torch.device) -> int:
+    """Memory a new tensor on `target` can take now: a GPU's free memory with what torch's allocator holds unused; on
+    the CPU, what Linux counts available (free, and the file cache it can drop), else the free pages."""
+    if target.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(target)
+        return free + torch.cuda.memory_reserved(target) - torch.cuda.memory_allocated(target)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def uses_bf16(precision: str) -> bool:
     """Whether a precision setting (auto, bf16 or fp32) means bfloat16 autocast on this machine."""
     if precision != "auto":

@@ -18,6 +18,8 @@ job. A job holds, at its largest moment:
 - where it samples, the key-value cache of its batch;
 - on the CPU, the blocks glibc keeps for reuse (GLIBC_KEPT; with checkpointing, CHECKPOINTED_KEPT),
   unless [worker] release_memory.
+Not counted: the copy of the block weights that sampling from an adapter takes where memory is free
+beyond this peak (train.generate.lora_folded), and skips where it is not.
 Quantising a base as it loads reads its whole safetensors file through a map beside the quantised
 copy, so on the CPU the file's bytes count once more while it loads (train.models then closes
 the map); a base that is not quantised is loaded in place.

@@ -235,6 +235,22 @@ def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_an
     assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
 
 
+def test_without_free_memory_for_the_copy_a_policy_samples_through_its_adapter_unfolded(tiny_model_dir, monkeypatch):
+    import train.generate
+    from train.generate import lora_folded
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    policy = random_policy(model)
+    before = base_weights(policy)
+    monkeypatch.setattr(train.generate, "free_bytes", lambda device: 1024)  # a machine out of memory, not a stand-in for the fold
+    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        unfolded = policy(**ids).logits
+        with lora_folded(policy):
+            assert torch.equal(policy(**ids).logits, unfolded)
+            assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+
+
 def test_a_quantised_policy_samples_through_its_adapter_unfolded(tiny_model_dir):
     from train.generate import lora_folded
 
