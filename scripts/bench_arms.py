@@ -1,5 +1,5 @@
-"""What the benchmarks share: running one arm in a child process and taking its own peak memory, and the
-work directory and evaluation prompts of the loop benchmarks."""
+"""What the benchmarks share: running one arm in a child process and taking its own peak memory, a policy to
+sample from, and the work directory and evaluation prompts of the loop benchmarks."""
 
 import argparse
 import json
@@ -19,6 +19,21 @@ def run_arm(name: str, command: list[str], env: dict[str, str] | None = None) ->
     if status != 0:
         raise SystemExit(f"the {name} arm failed (wait status {status})")
     return {**json.loads(stdout.strip().splitlines()[-1]), "peak_gb": usage.ru_maxrss / 2**20}
+
+
+def random_policy(model, rank: int = 16):
+    """A PEFT policy on `model`: a LoRA adapter of `rank` on every linear layer, its B drawn at random as a trained
+    policy's would be (B starts at zero, which would leave a fold or a merge nothing to do)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    return policy
 
 
 def loop_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, prefix: str) -> tuple[Path, Path, int]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
+from bench_arms import random_policy
 
 from train.config import GenerationConfig, ModelConfig
 from train.generate import generate
@@ -61,12 +61,7 @@ def main():
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, per_prompt=1)
     model, tokenizer = load_model(ModelConfig(name_or_path=args.model))
     if args.policy:
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).eval()
-        torch.manual_seed(1)
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:  # B starts at zero, which would leave nothing to fold
-                    parameter.normal_(0, 0.02)
+        model = random_policy(model)
     torch.manual_seed(0)
     raw_generate(model, tokenizer, prompts[: args.batch_size], config)  # warm-up
 

@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_arms import run_arm
+from bench_arms import random_policy, run_arm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -171,7 +171,6 @@ def arm_generate(model_dir: Path, quantization: str, options) -> dict:
     """Tether's generate() from a policy, and model.generate from the base with the dynamic cache, on the same prompts,
     batch and sampling, each timed after a first call."""
     import torch
-    from peft import LoraConfig, get_peft_model
 
     from train.config import GenerationConfig, ModelConfig
     from train.generate import end_of_turn_ids, generate
@@ -179,12 +178,7 @@ def arm_generate(model_dir: Path, quantization: str, options) -> dict:
 
     base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
     model, tokenizer = load_model(base)
-    policy = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).eval()
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in policy.named_parameters():
-            if "lora_B" in name:  # B starts at zero, which would leave nothing to fold
-                parameter.normal_(0, 0.02)
+    policy = random_policy(model)
     batch = (prompts() * options.generate_batch)[: options.generate_batch]
     config = GenerationConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=options.max_new_tokens,
                               batch_size=options.generate_batch, per_prompt=1, seed=0)

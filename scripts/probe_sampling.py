@@ -30,9 +30,9 @@ WAYS = ("eager", "lora", "merged", "static", "lora-static", "merged-static")
 
 def child(options) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bench_arms import random_policy
     from bench_gpu import prompts
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,11 +42,7 @@ def child(options) -> dict:
     way = options.way
     result = {"way": way}
     if way.startswith(("lora", "merged")):
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear")).eval()
-        torch.manual_seed(1)
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:  # B starts at zero, which would make the merge a no-op
-                parameter.data.normal_(0, 0.02)
+        model = random_policy(model)
     batch = (prompts() * options.batch)[: options.batch]
     encoded = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for m in batch]
     short = sorted(encoded, key=len)[: options.batch // 2] * 2  # a narrower padded width: a new shape
