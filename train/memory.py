@@ -192,9 +192,11 @@ class Estimator:
         rm = self.config.reward_model
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
         sequences = 2 * rm.batch_size  # each pair's two responses, in training; a head reads features in batches of as many
-        # A head's job reads features without gradients: every layer's hidden states of a batch, and the last logits.
+        # A head's job reads features without gradients: the hidden states of a batch at the layers it reads (as
+        # train.features.layer_indices picks them) and the one being computed, and the last logits.
+        states = len({round(f * self.shape.layers) for f in rm.feature_layers}) + 1
         head = self.job("reward model", self.weights(training=False),
-                        activations=sequences * length * (self.shape.layers + 1) * self.shape.hidden * self.width + self.logits(sequences, 1))
+                        activations=sequences * length * states * self.shape.hidden * self.width + self.logits(sequences, 1))
         adapters = self.lora_parameters(rm.lora_r) * ADAMW_BYTES
         activations = self.kept_activations(sequences * length, length, rm.lora_dropout, rm.checkpointing(self.config.model))
         lora = self.job("reward model", self.weights(training=True), adapters, activations)
