@@ -154,6 +154,8 @@ def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> di
 
     base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
     model, tokenizer = load_model(base)
+    if options.profile_update:
+        profile_updates()
     with tempfile.TemporaryDirectory(prefix="bench-policy-") as scratch:
         steps = train_ppo(model, tokenizer, prompts(), reward_dir, ppo_config(options), Path(scratch) / "policy")["steps"]
     seconds = sum(s["seconds"] for s in steps)
@@ -165,6 +167,25 @@ def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> di
             "score_share": sum(s["score_seconds"] for s in steps) / seconds,
             "update_share": sum(s["update_seconds"] for s in steps) / seconds, "steps": len(steps),
             "generated_tokens": sum(s["generated_tokens"] for s in steps), "train_seconds": seconds, "peak_gpu_gb": peak_gpu_gb()}
+
+
+def profile_updates() -> None:
+    """Each PPO update under torch's profiler, its 25 costliest operators (by time on the CPU, which launches the GPU's
+    kernels) printed to stderr: where an update's time goes when the arithmetic does not explain it."""
+    import torch
+
+    import train.ppo
+
+    update = train.ppo.update
+
+    def profiled(*args, **kwargs):
+        activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * torch.cuda.is_available()
+        with torch.profiler.profile(activities=activities) as profile:
+            result = update(*args, **kwargs)
+        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr, flush=True)
+        return result
+
+    train.ppo.update = profiled  # ppo_step looks it up in its module at each call
 
 
 def arm_generate(model_dir: Path, quantization: str, options) -> dict:
@@ -246,6 +267,7 @@ def main() -> None:
     parser.add_argument("--compile", choices=["auto", "true", "false"], default="true",
                         help="[model] compile for the ppo and generate arms; 'auto' compiles only a job of 1,500 decode steps or "
                              "more, which these short runs stand for [default: true]")
+    parser.add_argument("--profile-update", action="store_true", help="print each PPO update's costliest operators to stderr")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS),
                         help="weight formats on a GPU [default: both]; a CPU runs bf16 alone")
     parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's PPOTrainer (it installs TRL 1.12.0 in .bench/)")
