@@ -27,8 +27,8 @@ def random_policy(model, rank: int = 16):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    policy = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")).eval()
     torch.manual_seed(1)
+    policy = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")).eval()
     with torch.no_grad():
         for name, parameter in policy.named_parameters():
             if "lora_B" in name:

@@ -43,7 +43,9 @@ def generate(
     """Sample `config.per_prompt` completions for each prompt, grouped by prompt in prompt order.
 
     Batches hold prompts of like length, with the KV cache and the model's attention (SDPA,
-    transformers' default, on a GPU); a batch that runs out of GPU memory is halved.
+    transformers' default, on a GPU); a batch that runs out of GPU memory is halved. Through a
+    compiled static cache ([model] compile) the last batch is filled up with copies of its last
+    prompt, whose answers are dropped: a batch of another size would compile again.
     `progress` shows a bar on the terminal; `on_progress(done, total)` is called after each batch.
     """
     if config.seed is not None:
@@ -61,19 +63,23 @@ def generate(
         (i for i in range(len(prompts)) for _ in range(config.per_prompt)),
         key=lambda i: -len(encoded[i]),
     )
+    total = len(jobs)
+    if model.generation_config.cache_implementation == "static":
+        jobs += jobs[-1:] * (-total % config.batch_size)  # halved on running out of memory, the batches stay full
     eos_ids = end_of_turn_ids(model, tokenizer)
-    with lora_folded(model), tqdm(total=len(jobs), desc="generating", unit="completion", disable=not progress) as bar:
+    with lora_folded(model), tqdm(total=total, desc="generating", unit="completion", disable=not progress) as bar:
 
         def done(count: int) -> None:
+            count = min(count, total)
             bar.update(count - bar.n)
             if on_progress:
-                on_progress(count, len(jobs))
+                on_progress(count, total)
 
         results = in_batches(
             jobs, config.batch_size, lambda batch: _generate_batch(model, tokenizer, batch, [encoded[i] for i in batch], config, eos_ids),
             "generation", done,
         )
-    return sorted(results, key=lambda g: g.prompt_index)
+    return sorted(results[:total], key=lambda g: g.prompt_index)
 
 
 def _generate_batch(model, tokenizer, prompt_indices, input_ids, config, eos_ids) -> list[Generated]:
