@@ -119,19 +119,24 @@ def lora_folded(model) -> Iterator[None]:
     a layer at every token. A fold and an unfold are not exact in floating point, and the reference and the reward
     model read the same base, so the touched weights are copied first and copied back after. That copy needs the
     touched weights' size again, from memory the round's expected peak (train.memory) leaves free: where it is not
-    free, as with a quantised base, which cannot take the fold, the model samples through the adapter as it is.
+    free, or the fold runs out of memory halfway, as with a quantised base, which cannot take the fold, the model
+    samples through the adapter as it is.
     """
     layers = _active_lora_layers(model)
     weights = [layer.get_base_layer().weight for layer, _ in layers]
     if weights and sum(w.numel() * w.element_size() for w in weights) * 1.1 > free_bytes(weights[0].device):  # a tenth spare
         layers = []
     kept = []
-    with torch.no_grad():
-        for layer, adapter in layers:
-            weight = layer.get_base_layer().weight
-            kept.append((weight, weight.clone()))
-            weight.add_(layer.get_delta_weight(adapter))  # in place: a compiled graph keeps reading the same storage
     try:
+        try:
+            with torch.no_grad():
+                for layer, adapter in layers:
+                    weight = layer.get_base_layer().weight
+                    kept.append((weight, weight.clone()))
+                    weight.add_(layer.get_delta_weight(adapter))  # in place: a compiled graph keeps reading the same storage
+        except torch.OutOfMemoryError:  # the fold's own arithmetic did not fit: put back what it folded, sample unfolded
+            _restore(kept)
+            kept = []
         if kept:
             with model.disable_adapter():
                 yield

@@ -235,6 +235,33 @@ def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_an
     assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
 
 
+def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_samples_unfolded(tiny_model_dir, monkeypatch):
+    from peft.tuners.lora import Linear
+
+    from train.generate import lora_folded
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    policy = random_policy(model)
+    before = base_weights(policy)
+    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        unfolded = policy(**ids).logits
+    delta = Linear.get_delta_weight
+    calls = []
+
+    def runs_out_of_memory_at_the_fifth(layer, adapter):  # as a GPU does when the fold's arithmetic does not fit
+        calls.append(adapter)
+        if len(calls) == 5:
+            raise torch.OutOfMemoryError("out of memory")
+        return delta(layer, adapter)
+
+    monkeypatch.setattr(Linear, "get_delta_weight", runs_out_of_memory_at_the_fifth)
+    with torch.no_grad(), lora_folded(policy):
+        assert len(calls) == 5 and all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+        assert torch.equal(policy(**ids).logits, unfolded)
+    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+
+
 def test_without_free_memory_for_the_copy_a_policy_samples_through_its_adapter_unfolded(tiny_model_dir, monkeypatch):
     import train.generate
     from train.generate import lora_folded
