@@ -213,18 +213,28 @@ def base_weights(policy) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in policy.named_parameters() if "lora_" not in name}
 
 
-def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_and_its_base_comes_back_bit_for_bit(tiny_model_dir):
-    from train.generate import end_of_turn_ids, lora_folded
+def changed_weights(policy, before: dict[str, torch.Tensor]) -> list[str]:
+    return [name for name, p in policy.named_parameters() if "lora_" not in name and not torch.equal(p, before[name])]
 
+
+@pytest.fixture
+def folding(tiny_model_dir):
+    """A random policy on the tiny model in float32, its tokenizer, its base weights, a prompt's ids and its logits there."""
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     policy = random_policy(model)
-    before = base_weights(policy)
     ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         unfolded = policy(**ids).logits
-        with lora_folded(policy):
-            folded = policy(**ids).logits
-            changed = [n for n, p in policy.named_parameters() if "lora_" not in n and not torch.equal(p, before[n])]
+    return policy, tokenizer, base_weights(policy), ids, unfolded
+
+
+def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_and_its_base_comes_back_bit_for_bit(folding):
+    from train.generate import end_of_turn_ids, lora_folded
+
+    policy, tokenizer, before, ids, unfolded = folding
+    with torch.no_grad(), lora_folded(policy):
+        folded = policy(**ids).logits
+        changed = changed_weights(policy, before)
     assert len(changed) == 2 * 7  # each layer's seven linear weights carry the fold, and nothing else does
     assert torch.allclose(folded, unfolded, atol=1e-5) and not torch.equal(folded, unfolded)  # computed another way, the same policy
 
@@ -232,20 +242,15 @@ def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_an
     config = GenerationConfig(temperature=0, max_new_tokens=10, batch_size=3, per_prompt=1)
     ours = generate(policy, tokenizer, CHAT_PROMPTS, config, progress=False)
     assert [(g.text, g.token_count, g.finished) for g in ours] == [reference_greedy(policy, tokenizer, p, 10, eos) for p in CHAT_PROMPTS]
-    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+    assert changed_weights(policy, before) == []
 
 
-def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_samples_unfolded(tiny_model_dir, monkeypatch):
+def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_samples_unfolded(folding, monkeypatch):
     from peft.tuners.lora import Linear
 
     from train.generate import lora_folded
 
-    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
-    policy = random_policy(model)
-    before = base_weights(policy)
-    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    with torch.no_grad():
-        unfolded = policy(**ids).logits
+    policy, _, before, ids, unfolded = folding
     delta = Linear.get_delta_weight
     calls = []
 
@@ -257,25 +262,20 @@ def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_sam
 
     monkeypatch.setattr(Linear, "get_delta_weight", runs_out_of_memory_at_the_fifth)
     with torch.no_grad(), lora_folded(policy):
-        assert len(calls) == 5 and all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+        assert len(calls) == 5 and changed_weights(policy, before) == []
         assert torch.equal(policy(**ids).logits, unfolded)
-    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+    assert changed_weights(policy, before) == []
 
 
-def test_without_free_memory_for_the_copy_a_policy_samples_through_its_adapter_unfolded(tiny_model_dir, monkeypatch):
+def test_without_free_memory_for_the_copy_a_policy_samples_through_its_adapter_unfolded(folding, monkeypatch):
     import train.generate
     from train.generate import lora_folded
 
-    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
-    policy = random_policy(model)
-    before = base_weights(policy)
+    policy, _, before, ids, unfolded = folding
     monkeypatch.setattr(train.generate, "free_bytes", lambda device: 1024)  # a machine out of memory, not a stand-in for the fold
-    ids = tokenizer.apply_chat_template(CHAT_PROMPTS[0], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    with torch.no_grad():
-        unfolded = policy(**ids).logits
-        with lora_folded(policy):
-            assert torch.equal(policy(**ids).logits, unfolded)
-            assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
+    with torch.no_grad(), lora_folded(policy):
+        assert torch.equal(policy(**ids).logits, unfolded)
+        assert changed_weights(policy, before) == []
 
 
 def test_a_quantised_policy_samples_through_its_adapter_unfolded(tiny_model_dir):
