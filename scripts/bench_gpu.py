@@ -309,6 +309,7 @@ def main() -> None:
 
     formats = {name: FORMATS[name] for name in options.formats} if torch.cuda.is_available() else {"bf16": "none"}
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (4-bit needs CUDA: left out)"
+    peaks = device_peaks(device, options)
     results: dict[tuple[str, str, str], dict] = {}
     shapes = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
@@ -316,7 +317,8 @@ def main() -> None:
         for size in options.sizes:
             model_dir = work / size
             run_child(options, "build", model_dir, work, "none")
-            shapes[size] = shape_of(model_dir)
+            if peaks:  # what the limits are computed from, read while the model is here
+                shapes[size] = shape_of(model_dir)
             for name, quantization in formats.items():
                 for arm in options.arms:
                     results[size, name, arm] = run_child(options, arm, model_dir, work / f"{size}-{name}", quantization)
@@ -324,7 +326,6 @@ def main() -> None:
                 results[size, "bf16", "trl"] = run_trl(options, model_dir, work / f"{size}-bf16")
             run_child(options, "remove", model_dir, work, "none")  # 6 GB for the 3B model
     report(options, results, device, formats)
-    peaks = device_peaks(device, options)
     if peaks:
         report_limits(options, results, formats, shapes, *peaks)
 
@@ -350,7 +351,8 @@ def device_peaks(device: str, options) -> tuple[float, float] | None:
     looked_up = next(((bandwidth, tflops) for name, bandwidth, tflops in PEAKS if name in device), (None, None))
     bandwidth, tflops = options.peak_bandwidth or looked_up[0], options.peak_tflops or looked_up[1]
     if bandwidth is None or tflops is None:
-        print(f"no peak figures for {device}: give --peak-bandwidth and --peak-tflops to see each throughput against them")
+        print(f"no peak figures for {device}: give --peak-bandwidth and --peak-tflops to see each throughput against them",
+              file=sys.stderr)
         return None
     return bandwidth * 1e12, tflops * 1e12
 
