@@ -68,7 +68,8 @@ class Rollout:
     response_ids: torch.Tensor  # (B, R) pad after the end
     response_mask: torch.Tensor  # (B, R) 1 on response tokens, the closing EOS included
     logprobs: torch.Tensor  # (B, R) log pi(token) at the sampling temperature
-    ref_logprobs: torch.Tensor  # (B, R) the same under the reference
+    ref_logprobs: torch.Tensor  # (B, R) the same under the reference, the starting model v0
+    start_logprobs: torch.Tensor  # (B, R) the same under the version this run started from; the reference's from v0
     values: torch.Tensor  # (B, R) V(state before each token)
     scores: torch.Tensor  # (B,) normalised reward-model score, penalties applied
     finished: torch.Tensor  # (B,) bool: ended with EOS
@@ -364,16 +365,17 @@ def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Message
     scores = scores - config.uncertainty_penalty * uncertainty - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
     mask = response_mask.float()
     rollout = Rollout(query_ids, query_mask, response_ids, response_mask,
-                      logprobs * mask, ref_logprobs * mask, values * mask, scores, finished, texts)
-    return rollout, {"entropy": entropy, "kl_to_start": (logprobs - start_logprobs) * mask}
+                      logprobs * mask, ref_logprobs * mask, start_logprobs * mask, values * mask, scores, finished, texts)
+    return rollout, {"entropy": entropy}
 
 
 # 3. Rewards and 4. advantages
 
 
 def add_rewards(rollout: Rollout, beta: float) -> torch.Tensor:
-    """Per-token rewards: the KL penalty on every response token, the score added on the last. Returns the KL (B, R)."""
-    kl = rollout.logprobs - rollout.ref_logprobs  # (B, R), 0 on padding
+    """Per-token rewards: the KL penalty to the version the run started from on every response token, the score added
+    on the last. Returns that KL (B, R)."""
+    kl = rollout.logprobs - rollout.start_logprobs  # (B, R), 0 on padding
     rewards = -beta * kl
     last = rollout.response_mask.sum(dim=1) - 1  # (B,)
     rewards[torch.arange(rewards.shape[0]), last] += rollout.scores
@@ -532,14 +534,14 @@ def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller
     sampled = time.perf_counter()
     rollout, diagnostics = evaluate(model, scorer, prompts, batch, config)
     beta = controller.beta
-    kl = add_rewards(rollout, beta)
+    kl_to_start = add_rewards(rollout, beta)
     add_advantages(rollout, config.gamma, config.lam)
     mask = rollout.response_mask.float()
     # Means over each process's equal share of the batch; their mean is the whole batch's.
     stats = distributed.all_mean({
         "score": rollout.scores.mean().item(),
-        "kl": kl.sum(dim=1).mean().item(),
-        "kl_to_start": diagnostics["kl_to_start"].sum(dim=1).mean().item(),
+        "kl": (rollout.logprobs - rollout.ref_logprobs).sum(dim=1).mean().item(),
+        "kl_to_start": kl_to_start.sum(dim=1).mean().item(),
         "entropy": masked_mean(diagnostics["entropy"], mask).item(),
         "response_length": mask.sum(dim=1).mean().item(),
         "finished": rollout.finished.float().mean().item(),
@@ -548,12 +550,11 @@ def ppo_step(model, scorer: RewardScorer, optimizer, prompts, config, controller
     stats |= {"beta": beta, "generated_tokens": int(distributed.all_sum(mask.sum()).item())}
     scored = time.perf_counter()  # after .item(), which waits for the GPU
     stats["score_seconds"] = scored - sampled
-    kl_per_response = stats["kl"]
-    if kl_budget and kl_per_response > kl_budget:
+    if kl_budget and stats["kl"] > kl_budget:
         stats["over_budget"] = 1.0
     else:
         stats |= update(model, optimizer, rollout, config, generator)
-        controller.update(kl_per_response)
+        controller.update(stats["kl_to_start"])
     stats["update_seconds"] = time.perf_counter() - scored
     stats["seconds"] = time.perf_counter() - started
     return stats, rollout
