@@ -349,13 +349,16 @@ class PPOConfig:
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of the policy adapter."})
     kl_coef: float = field(
         default=0.05,
-        metadata={"help": "beta of the per-token KL penalty -beta * (log pi - log pi_ref) in the first round; later rounds "
-                          "go on with the beta the policy they start from ended with, unless target_kl is 0."},
+        metadata={"help": "beta of the per-token KL penalty -beta * (log pi - log pi_start), pi_start the policy version "
+                          "the round starts from, in the first round; later rounds go on with the beta the policy they "
+                          "start from ended with, unless target_kl is 0. The penalty is to the round's start, not to v0: "
+                          "one to v0 pulls a policy that an earlier round moved back towards v0, undoing that round. "
+                          "[round] kl_budget holds the KL to v0."},
     )
     target_kl: float = field(
         default=6.0,
-        metadata={"help": "KL to the starting model (nats per response) the adaptive beta steers towards; 0 keeps beta "
-                          "at kl_coef. [round] kl_budget is the hard limit."},
+        metadata={"help": "KL to the version the round starts from (nats per response) the adaptive beta steers "
+                          "towards; 0 keeps beta at kl_coef. [round] kl_budget is the hard limit on the KL to v0."},
     )
     kl_horizon: int = field(
         default=10,

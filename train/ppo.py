@@ -1,4 +1,4 @@
-"""PPO on a LoRA policy with a KL tether to the starting model.
+"""PPO on a LoRA policy, held near the version it starts from and within a KL budget of the starting model.
 
 After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF with PPO"
 (Huang et al. 2024). One base model holds three LoRA adapters (PEFT named adapters):
@@ -6,8 +6,8 @@ After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF
 - `value`, an adapter started from the reward model's and a scalar head started at zero, both
   trained: the value starts as a constant baseline and learns the returns;
 - `reward`, the reward model's adapter and head, frozen;
-- `start`, when PPO continues a policy version: that version, frozen, to measure the KL to it.
-The reference policy is the base with the adapters disabled, so the tether costs no extra weights.
+- `start`, when PPO continues a policy version: that version, frozen, the KL penalty's reference.
+The starting model v0 is the base with the adapters disabled, so neither costs extra weights.
 
 Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
@@ -16,13 +16,18 @@ Each step, in the order `ppo_step` runs it:
    reward of each response's text (the mean of its heads' normalised scores), scored as `tether
    rm score` scores it, minus uncertainty_penalty times the heads' spread and the missing-EOS and
    length penalties;
-3. rewards: -beta * (log pi - log pi_ref) on every response token, plus the score on the last;
+3. rewards: -beta * (log pi - log pi_start) on every response token, pi_start the version the run
+   started from (v0 in the first round), plus the score on the last. A penalty to v0 would pull a
+   policy that an earlier round (DPO's, say) moved past target_kl back towards v0 and undo that
+   round: replaying one such PPO round on the default model gave 59.4% over v0 tethered to v0 and
+   69.0% tethered to its start, from a start at 71.1% (scripts/BENCHMARKS.md);
 4. advantages: GAE (gamma, lambda), whitened over the batch's response tokens;
 5. update: `epochs` passes over minibatches of the clipped policy loss and vf_coef times the
    clipped value loss;
-6. beta moves towards `target_kl` (Ziegler et al. 2019), unless target_kl is 0; it is saved with the
-   policy, so the next round's PPO goes on from it. A step whose KL to the starting model is over
-   `kl_budget` ends the run before it updates.
+6. beta moves so that the KL to the run's start goes towards `target_kl` (Ziegler et al. 2019),
+   unless target_kl is 0; it is saved with the policy, so the next round's PPO goes on from it. A
+   step whose KL to the starting model v0 is over `kl_budget`, which adds up over the rounds,
+   ends the run before it updates.
 
 Under accelerate launch each process samples and evaluates its share of the batch's prompts;
 the whitening, the KL that steers beta and the statistics are taken over the whole batch, and each
@@ -346,7 +351,7 @@ def shared_reward_scores(peft_model, reward_head: nn.Linear, scorer: RewardScore
 
 @torch.no_grad()
 def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Messages], batch: tuple, config: PPOConfig) -> tuple[Rollout, dict[str, torch.Tensor]]:
-    """The rollout of a sampled batch, and per-token diagnostics (B, R) along it: entropy and the KL to the starting version."""
+    """The rollout of a sampled batch, and per-token diagnostics (B, R) along it: the entropy."""
     query_ids, query_mask, response_ids, response_mask, finished = batch
     args = (query_ids, query_mask, response_ids, response_mask)
     # The update recomputes these under the same precision, so its first ratios are 1.

@@ -158,7 +158,7 @@ class RoundConfig:
     kl_budget: float = field(
         default=20.0,
         metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
-                          "KL adds up round after round, since every round is tethered to the starting model. PPO stops "
+                          "KL adds up round after round, as each round moves on from where the last one ended. PPO stops "
                           "at the first step whose responses are further than this, and the round says so; DPO and GRPO "
                           "are held only by their beta. 0: no budget."},
     )
@@ -225,7 +225,7 @@ class TetherConfig:
         default_factory=RewardModelConfig,
         metadata={"help": "The Bradley-Terry reward model fitted to the votes: a head on the base's features, or a LoRA model."},
     )
-    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"help": "PPO rounds: the policy against the reward model, tethered to v0."})
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"help": "PPO rounds: the policy against the reward model, held near the version it starts from, within [round] kl_budget of v0."})
     dpo: DPOConfig = field(default_factory=DPOConfig, metadata={"help": "DPO rounds: the policy trained on the votes directly."})
     grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO rounds: groups of answers per prompt scored by the reward model."})
     round: RoundConfig = field(default_factory=RoundConfig, metadata={"help": "Rounds: the optimiser, held-back prompts, the scheduler, the KL budget."})
