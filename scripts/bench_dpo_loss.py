@@ -9,6 +9,7 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
     job     each round's [dpo] label_smoothing as its job had it ('auto': robust DPO at the rows' flip rate)
     plain   0: plain DPO
     NUMBER  robust DPO at that label smoothing
+    sft=W   the job's loss with the chosen answers' negative log-likelihood at weight W beside it ([dpo] sft_weight)
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
 alone, and says so. The replay stops at the first round that was not DPO.
@@ -49,8 +50,17 @@ def dpo_rounds(project) -> list[tuple[int, int]]:
     return rounds
 
 
-def replay_round(project, job_id: int, smoothing: str, previous: Path | None, out_dir: Path) -> dict:
-    """Train one arm's next adapter on the job's frozen pairs from `previous`; its settings but the label smoothing."""
+def arm_settings(arm: str) -> dict:
+    """What an arm changes in a DPO job's [dpo] settings."""
+    if arm == "job":
+        return {}
+    if arm.startswith("sft="):
+        return {"sft_weight": float(arm.removeprefix("sft="))}
+    return {"label_smoothing": 0.0 if arm == "plain" else float(arm)}
+
+
+def replay_round(project, job_id: int, arm: str, previous: Path | None, out_dir: Path) -> dict:
+    """Train one arm's next adapter on the job's frozen pairs from `previous`; the job's settings but what the arm changes."""
     from train.config import DPOConfig, ModelConfig
     from train.dpo import train_dpo
     from train.models import load_model
@@ -58,7 +68,7 @@ def replay_round(project, job_id: int, smoothing: str, previous: Path | None, ou
 
     folder = job_dir(project, job_id)
     config = read_job(folder)["config"]
-    settings = config["dpo"] | ({} if smoothing == "job" else {"label_smoothing": 0.0 if smoothing == "plain" else float(smoothing)})
+    settings = config["dpo"] | arm_settings(arm)
     rows = read_preferences(input_path(folder, "preferences"))
     model, tokenizer = load_model(ModelConfig(**config["model"]))
     started = time.monotonic()
@@ -72,7 +82,8 @@ def main() -> None:
     parser.add_argument("--project", type=Path, required=True, help="a project whose rounds ran DPO (tether simulate made it)")
     parser.add_argument("--judge", required=True, help="the judge the project's votes followed: built-in, module:FUNC or PATH.py:FUNC")
     parser.add_argument("--eval-prompts", type=Path, required=True, help="the JSONL prompt file simulate judged the rounds on")
-    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain or a label smoothing (default job,plain)")
+    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or sft=W (default job,plain)")
+    parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
     args = parser.parse_args()
@@ -81,7 +92,7 @@ def main() -> None:
     judge = load_judge(args.judge)
     prompts = [p.messages for p in read_prompt_file(args.eval_prompts, project.config.server.import_limits())]
     per_prompt = math.ceil(EVAL_PAIRS / len(prompts))
-    rounds = dpo_rounds(project)
+    rounds = dpo_rounds(project)[: args.rounds]
     if not rounds:
         raise SystemExit(f"{args.project}: its first round ran no DPO job: nothing to replay")
     print(f"replaying {len(rounds)} DPO rounds of {args.project}; {len(prompts)} evaluation prompts, {per_prompt} answers each",

@@ -573,6 +573,13 @@ class DPOConfig:
                           "margin up, below it the margin stops at a finite value, so few overlapped votes give nearly plain DPO. A "
                           "number from 0 to below 0.5 fixes it by hand; 0 is plain DPO."},
     )
+    sft_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the chosen answers' negative log-likelihood (per token) beside the preference loss "
+                          "(RPO, Pang et al. 2024; TRL's loss_type 'sft'). DPO alone can lower the chosen answer's "
+                          "probability with the rejected's, moving the policy away from both; this holds it near the "
+                          "answers people were shown. 0 turns it off."},
+    )
     epochs: int = field(
         default=1,
         metadata={"help": "Passes over the round's pairs. One: each round brings new pairs, and a few dozen pairs seen "
@@ -616,6 +623,8 @@ class DPOConfig:
             raise ValueError(f"prompts must be at least 1 and candidates at least 2, got {self.prompts} and {self.candidates}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        if self.sft_weight < 0:
+            raise ValueError(f"sft_weight must be at least 0, got {self.sft_weight}")
         if self.label_smoothing != "auto" and (isinstance(self.label_smoothing, str) or not 0 <= self.label_smoothing < 0.5):
             raise ValueError(f"label_smoothing must be 'auto' or a number from 0 to below 0.5, got {self.label_smoothing!r}")
         for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):

@@ -132,7 +132,8 @@ def train_dpo(
             **trainer_settings(scratch, config.seed, config.precision, on_cpu),
             beta=config.beta,
             # Robust DPO (rDPO) where labels may be flipped: unbiased for the loss on the true labels. Plain DPO at 0.
-            loss_type=["robust" if smoothing else "sigmoid"],
+            loss_type=["robust" if smoothing else "sigmoid"] + ["sft"] * (config.sft_weight > 0),
+            loss_weights=[1.0] + [config.sft_weight] * (config.sft_weight > 0),
             label_smoothing=smoothing,
             num_train_epochs=config.epochs,
             per_device_train_batch_size=config.batch_size // processes,

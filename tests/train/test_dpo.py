@@ -81,6 +81,23 @@ def test_label_smoothing_trains_with_the_robust_loss_and_zero_with_plain_dpo(tin
     assert result["steps"][-1]["margin"] > 0.01  # the margins moved, so the two losses differ
 
 
+def test_sft_weight_adds_the_chosen_answers_likelihood_to_the_loss_and_raises_it(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    def chosen_logprob(adapter) -> float:
+        model, tokenizer = tiny(tiny_model_dir)
+        policy = PeftModel.from_pretrained(model, str(adapter)).eval()
+        return sum(sequence_logprob(policy, tokenizer, r.prompt, r.chosen) for r in ROWS) / len(ROWS)
+
+    firsts = {}
+    for weight in (0.0, 1.0):
+        config = DPOConfig(epochs=2, batch_size=4, learning_rate=5e-3, label_smoothing=0.0, sft_weight=weight)
+        firsts[weight] = train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / f"sft-{weight}", on_cpu=True)["steps"][0]["loss"]
+    assert firsts[0.0] == pytest.approx(math.log(2), abs=1e-5)
+    assert firsts[1.0] > math.log(2) + 1.0  # plus the chosen tokens' mean negative log-likelihood under v0, far above 1 nat
+    assert chosen_logprob(tmp_path / "sft-1.0") > chosen_logprob(tmp_path / "sft-0.0") + 1.0
+
+
 def test_auto_label_smoothing_is_the_expected_share_of_wrong_labels():
     rows = [PreferenceRow(PROMPTS[0], "a", "b", confidence=c) for c in (0.7, 0.7, 0.84, 1.0)]
     assert label_smoothing(rows, "auto") == pytest.approx((0.3 + 0.3 + 0.16) / 4)
