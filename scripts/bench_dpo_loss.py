@@ -1,4 +1,4 @@
-"""Benchmark: robust against plain DPO on the same votes, by replaying a project's DPO rounds with each loss.
+"""Benchmark: DPO's losses on the same votes (robust, plain, with the chosen's likelihood), by replaying a project's DPO rounds.
 
 A project that `tether simulate` (or bench_labels.py) ran holds each DPO round's frozen pairs: the
 votes it trained on, each with the probability its label is right. This replays those rounds from

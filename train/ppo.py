@@ -7,7 +7,7 @@ After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF
   trained: the value starts as a constant baseline and learns the returns;
 - `reward`, the reward model's adapter and head, frozen;
 - `start`, when PPO continues a policy version: that version, frozen, the KL penalty's reference.
-The starting model v0 is the base with the adapters disabled, so neither costs extra weights.
+The starting model v0 is the base with the adapters disabled, so no reference costs a second base.
 
 Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
