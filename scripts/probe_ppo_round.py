@@ -16,6 +16,7 @@ Two measures, on a project that `tether simulate` (or bench_labels.py) ran:
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -47,13 +48,12 @@ def implicit(args) -> None:
     from store.policies import get_policy
     from store.reward_models import get_reward_model
     from store.rounds import list_rounds
-    from train.config import ModelConfig
     from train.dpo import encode_pair
     from train.models import load_model
     from train.snapshot import read_preferences
 
     project = load_project(args.project)
-    base, tokenizer = load_model(ModelConfig(**{**project.config.model.__dict__, "device": "cpu"}))
+    base, tokenizer = load_model(dataclasses.replace(project.config.model, device="cpu"))
     print("| round | previous RM on the new votes | starting policy's implicit reward on them |")
     print("|---|---|---|")
     for round_ in project.run(list_rounds):
