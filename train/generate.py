@@ -119,24 +119,15 @@ def lora_folded(model) -> Iterator[None]:
     a layer at every token. A fold and an unfold are not exact in floating point, and the reference and the reward
     model read the same base, so the touched weights are copied first and copied back after. That copy needs the
     touched weights' size again, from memory the round's expected peak (train.memory) leaves free: where it is not
-    free, or the fold runs out of memory halfway, as with a quantised base, which cannot take the fold, the model
-    samples through the adapter as it is.
+    free, or the fold runs out of memory halfway, the model samples through the adapter as it is, as it does on a
+    quantised base, which cannot take the fold.
     """
     layers = _active_lora_layers(model)
     weights = [layer.get_base_layer().weight for layer, _ in layers]
     if weights and sum(w.numel() * w.element_size() for w in weights) * 1.1 > free_bytes(weights[0].device):  # a tenth spare
         layers = []
-    kept = []
+    kept = _fold(layers)
     try:
-        try:
-            with torch.no_grad():
-                for layer, adapter in layers:
-                    weight = layer.get_base_layer().weight
-                    kept.append((weight, weight.clone()))
-                    weight.add_(layer.get_delta_weight(adapter))  # in place: a compiled graph keeps reading the same storage
-        except torch.OutOfMemoryError:  # the fold's own arithmetic did not fit: put back what it folded, sample unfolded
-            _restore(kept)
-            kept = []
         if kept:
             with model.disable_adapter():
                 yield
@@ -144,6 +135,22 @@ def lora_folded(model) -> Iterator[None]:
             yield
     finally:
         _restore(kept)
+
+
+def _fold(layers: list) -> list:
+    """Fold each layer's adapter into its base weight; (weight, its original) for each, to put back. A fold that runs
+    out of memory halfway puts back what it folded and keeps nothing."""
+    kept = []
+    try:
+        with torch.no_grad():
+            for layer, adapter in layers:
+                weight = layer.get_base_layer().weight
+                kept.append((weight, weight.clone()))
+                weight.add_(layer.get_delta_weight(adapter))  # in place: a compiled graph keeps reading the same storage
+    except torch.OutOfMemoryError:
+        _restore(kept)
+        return []
+    return kept
 
 
 def _active_lora_layers(model) -> list:
