@@ -9,7 +9,8 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
     job     each round's [dpo] label_smoothing as its job had it ('auto': robust DPO at the rows' flip rate)
     plain   0: plain DPO
     NUMBER  robust DPO at that label smoothing
-    sft=W   the job's loss with the chosen answers' negative log-likelihood at weight W beside it ([dpo] sft_weight)
+    NAME=VALUE  the job's settings with [dpo] NAME set to VALUE: sft_weight=1 (the chosen answers' likelihood beside
+            the loss), learning_rate=5e-4, seed=1 (another batch order and LoRA initialisation), ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
 alone, and says so. The replay stops at the first round that was not DPO.
@@ -54,8 +55,12 @@ def arm_settings(arm: str) -> dict:
     """What an arm changes in a DPO job's [dpo] settings."""
     if arm == "job":
         return {}
-    if arm.startswith("sft="):
-        return {"sft_weight": float(arm.removeprefix("sft="))}
+    if "=" in arm:
+        name, value = arm.split("=", 1)
+        try:
+            return {name: json.loads(value)}
+        except json.JSONDecodeError:
+            return {name: value}
     return {"label_smoothing": 0.0 if arm == "plain" else float(arm)}
 
 
@@ -82,7 +87,7 @@ def main() -> None:
     parser.add_argument("--project", type=Path, required=True, help="a project whose rounds ran DPO (tether simulate made it)")
     parser.add_argument("--judge", required=True, help="the judge the project's votes followed: built-in, module:FUNC or PATH.py:FUNC")
     parser.add_argument("--eval-prompts", type=Path, required=True, help="the JSONL prompt file simulate judged the rounds on")
-    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or sft=W (default job,plain)")
+    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or NAME=VALUE of [dpo] (default job,plain)")
     parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
