@@ -9,8 +9,9 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
     job     each round's [dpo] label_smoothing as its job had it ('auto': robust DPO at the rows' flip rate)
     plain   0: plain DPO
     NUMBER  robust DPO at that label smoothing
-    NAME=VALUE  the job's settings with [dpo] NAME set to VALUE: sft_weight=1 (the chosen answers' likelihood beside
-            the loss), learning_rate=5e-4, seed=1 (another batch order and LoRA initialisation), ...
+    NAME=VALUE[+NAME=VALUE...]  the job's settings with each [dpo] NAME set to its VALUE: sft_weight=1 (the chosen
+            answers' likelihood beside the loss), seed=1 (another batch order and LoRA initialisation),
+            batch_size=16+epochs=3, ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
 alone, and says so. The replay stops at the first round that was not DPO.
@@ -56,12 +57,15 @@ def arm_settings(arm: str) -> dict:
     if arm == "job":
         return {}
     if "=" in arm:
-        name, value = arm.split("=", 1)
-        try:
-            return {name: json.loads(value)}
-        except json.JSONDecodeError:
-            return {name: value}
+        return {name: _value(value) for name, value in (setting.split("=", 1) for setting in arm.split("+"))}
     return {"label_smoothing": 0.0 if arm == "plain" else float(arm)}
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a word, such as label_smoothing=auto
 
 
 def replay_round(project, job_id: int, arm: str, previous: Path | None, out_dir: Path) -> dict:
@@ -87,7 +91,7 @@ def main() -> None:
     parser.add_argument("--project", type=Path, required=True, help="a project whose rounds ran DPO (tether simulate made it)")
     parser.add_argument("--judge", required=True, help="the judge the project's votes followed: built-in, module:FUNC or PATH.py:FUNC")
     parser.add_argument("--eval-prompts", type=Path, required=True, help="the JSONL prompt file simulate judged the rounds on")
-    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or NAME=VALUE of [dpo] (default job,plain)")
+    parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or [dpo] settings as NAME=VALUE+... (default job,plain)")
     parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
