@@ -580,6 +580,13 @@ class DPOConfig:
                           "probability with the rejected's, moving the policy away from both; this holds it near the "
                           "answers people were shown. 0 turns it off."},
     )
+    max_kl: float = field(
+        default=6.0,
+        metadata={"help": "The round stops once the policy is this far from the version it starts from, in nats per "
+                          "answer: the mean fall in log-likelihood of the round's chosen and rejected answers, which is "
+                          "the KL from the start on answers it sampled, estimated on each step's pairs. PPO's target_kl "
+                          "for a round is the same figure. 0: every step runs."},
+    )
     epochs: int = field(
         default=1,
         metadata={"help": "Passes over the round's pairs. One: each round brings new pairs, and a few dozen pairs seen "
@@ -623,8 +630,8 @@ class DPOConfig:
             raise ValueError(f"prompts must be at least 1 and candidates at least 2, got {self.prompts} and {self.candidates}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-        if self.sft_weight < 0:
-            raise ValueError(f"sft_weight must be at least 0, got {self.sft_weight}")
+        if self.sft_weight < 0 or self.max_kl < 0:
+            raise ValueError(f"sft_weight and max_kl must be at least 0, got {self.sft_weight} and {self.max_kl}")
         if self.label_smoothing != "auto" and (isinstance(self.label_smoothing, str) or not 0 <= self.label_smoothing < 0.5):
             raise ValueError(f"label_smoothing must be 'auto' or a number from 0 to below 0.5, got {self.label_smoothing!r}")
         for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
