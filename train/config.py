@@ -522,7 +522,7 @@ class GRPOConfig:
 @dataclass
 class DPOConfig:
     """Direct preference optimisation (Rafailov et al. 2023) of the policy's LoRA adapter on the project's votes, with
-    TRL's DPOTrainer. The reference is the starting model (the base with every adapter off), as PPO's KL tether is."""
+    TRL's DPOTrainer. The reference is the version the round starts from, as PPO's KL penalty has it."""
 
     beta: float = field(
         default=0.1,

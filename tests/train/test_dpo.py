@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -160,7 +161,9 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
     assert [(kind, status) for _, kind, status in jobs] == [("dpo", "done"), ("generate", "done")]
     assert round_ == ("done", None, 1)
-    assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs"} <= metrics
+    assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs", "kl_to_start", "stopped_at_kl"} <= metrics
+    assert re.search(r"on \d+ pairs \(0 too long\), KL to v0 -?\d+\.\d\d on its pairs(, stopped at \[dpo\] max_kl)?, final margin",
+                     done.stdout), done.stdout
     trained_on = read_parquet(tiny_project / "jobs" / str(jobs[0][0]) / "inputs" / "preferences.parquet")
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
