@@ -594,9 +594,10 @@ class DPOConfig:
     )
     batch_size: int = field(
         default=4,
-        metadata={"help": "Preference pairs per optimiser step (each pair is two sequences). Small, so that a round's few "
-                          "dozen pairs still make a dozen or more steps."},
+        metadata={"help": "Preference pairs per batch (each pair is two sequences); gradient_accumulation batches make an "
+                          "optimiser step."},
     )
+    gradient_accumulation: int = field(default=1, metadata={"help": "Batches whose gradients are summed before each optimiser step."})
     learning_rate: float = field(
         default=1e-3,
         metadata={"help": "Peak AdamW learning rate of the policy's LoRA, decayed linearly to 0: it sets how far a round "
@@ -634,7 +635,7 @@ class DPOConfig:
             raise ValueError(f"sft_weight and max_kl must be at least 0, got {self.sft_weight} and {self.max_kl}")
         if self.label_smoothing != "auto" and (isinstance(self.label_smoothing, str) or not 0 <= self.label_smoothing < 0.5):
             raise ValueError(f"label_smoothing must be 'auto' or a number from 0 to below 0.5, got {self.label_smoothing!r}")
-        for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
+        for name in ("epochs", "batch_size", "gradient_accumulation", "lora_r", "lora_alpha"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length < 2:

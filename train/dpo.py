@@ -162,6 +162,7 @@ def train_dpo(
             label_smoothing=smoothing,
             num_train_epochs=config.epochs,
             per_device_train_batch_size=config.batch_size // processes,
+            gradient_accumulation_steps=config.gradient_accumulation,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
             max_length=None,  # the pairs that do not fit were left out above: TRL would cut their responses' ends

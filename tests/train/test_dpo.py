@@ -39,10 +39,13 @@ def margin(model, tokenizer) -> float:
                for r in ROWS) / len(ROWS)
 
 
-def test_at_step_0_the_loss_is_log_2_and_the_rewards_are_0(tiny_model_dir, tmp_path):
-    """From v0 the new adapter's LoRA B is zero: the policy is the reference, so it must be the base itself."""
+@pytest.mark.parametrize("batch_size, accumulation", [(4, 1), (2, 2)])
+def test_at_step_0_the_loss_is_log_2_and_the_rewards_are_0(tiny_model_dir, tmp_path, batch_size, accumulation):
+    """From v0 the new adapter's LoRA B is zero: the policy is the reference, so it must be the base itself. Four pairs
+    make an optimiser step, in one batch or two."""
     model, tokenizer = tiny(tiny_model_dir)
-    result = train_dpo(model, tokenizer, ROWS, DPOConfig(epochs=1, batch_size=4), tmp_path / "v1", on_cpu=True)
+    config = DPOConfig(epochs=1, batch_size=batch_size, gradient_accumulation=accumulation)
+    result = train_dpo(model, tokenizer, ROWS, config, tmp_path / "v1", on_cpu=True)
     first = result["steps"][0]
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert first["chosen_reward"] == pytest.approx(0, abs=1e-6) and first["rejected_reward"] == pytest.approx(0, abs=1e-6)
