@@ -67,6 +67,5 @@ def save_adapter(trainer, out_dir: Path, settings_file: str, settings: dict[str,
     # Mixed precision wraps forward in autocast; the saved adapter must be the plain float32 one.
     peft_model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     with built_beside(out_dir) as built:
-        # The adapter named "default" lands in the folder itself; DPO's frozen "ref" adapter is not saved.
-        peft_model.save_pretrained(built, selected_adapters=["default"])
+        peft_model.save_pretrained(built)  # the adapter named "default" lands in the folder itself
         (built / settings_file).write_text(json.dumps(settings, indent=2) + "\n")

@@ -522,7 +522,7 @@ class GRPOConfig:
 @dataclass
 class DPOConfig:
     """Direct preference optimisation (Rafailov et al. 2023) of the policy's LoRA adapter on the project's votes, with
-    TRL's DPOTrainer. The reference is the version the round starts from, as PPO's KL penalty has it."""
+    TRL's DPOTrainer. The reference is the starting model (the base with every adapter off), as PPO's KL tether is."""
 
     beta: float = field(
         default=0.1,
@@ -580,13 +580,6 @@ class DPOConfig:
                           "probability with the rejected's, moving the policy away from both; this holds it near the "
                           "answers people were shown. 0 turns it off."},
     )
-    max_kl: float = field(
-        default=6.0,
-        metadata={"help": "The round stops once the policy is this far from the version it starts from, in nats per "
-                          "answer: the mean fall in log-likelihood of the round's chosen and rejected answers, which is "
-                          "the KL from the start on answers it sampled, estimated on each step's pairs. PPO's target_kl "
-                          "for a round is the same figure. 0: every step runs."},
-    )
     epochs: int = field(
         default=1,
         metadata={"help": "Passes over the round's pairs. One: each round brings new pairs, and a few dozen pairs seen "
@@ -594,10 +587,9 @@ class DPOConfig:
     )
     batch_size: int = field(
         default=4,
-        metadata={"help": "Preference pairs per batch (each pair is two sequences); gradient_accumulation batches make an "
-                          "optimiser step."},
+        metadata={"help": "Preference pairs per optimiser step (each pair is two sequences). Small, so that a round's few "
+                          "dozen pairs still make a dozen or more steps."},
     )
-    gradient_accumulation: int = field(default=1, metadata={"help": "Batches whose gradients are summed before each optimiser step."})
     learning_rate: float = field(
         default=1e-3,
         metadata={"help": "Peak AdamW learning rate of the policy's LoRA, decayed linearly to 0: it sets how far a round "
@@ -631,11 +623,11 @@ class DPOConfig:
             raise ValueError(f"prompts must be at least 1 and candidates at least 2, got {self.prompts} and {self.candidates}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-        if self.sft_weight < 0 or self.max_kl < 0:
-            raise ValueError(f"sft_weight and max_kl must be at least 0, got {self.sft_weight} and {self.max_kl}")
+        if self.sft_weight < 0:
+            raise ValueError(f"sft_weight must be at least 0, got {self.sft_weight}")
         if self.label_smoothing != "auto" and (isinstance(self.label_smoothing, str) or not 0 <= self.label_smoothing < 0.5):
             raise ValueError(f"label_smoothing must be 'auto' or a number from 0 to below 0.5, got {self.label_smoothing!r}")
-        for name in ("epochs", "batch_size", "gradient_accumulation", "lora_r", "lora_alpha"):
+        for name in ("epochs", "batch_size", "lora_r", "lora_alpha"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length < 2:

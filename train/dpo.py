@@ -1,16 +1,9 @@
 """DPO on the policy's LoRA adapter with TRL's DPOTrainer: a round of iterative DPO.
 
 The policy continues from the adapter of the version the round starts from, or from a fresh
-adapter on v0 (its LoRA B is zero, so it starts equal to the base). The reference is that
-starting version, as in iterative DPO (Yuan et al. 2024, Pang et al. 2024) and as PPO's KL
-penalty has it: the base with a frozen copy of the starting adapter (TRL's "ref" adapter), or
-with every adapter off in a first round. No second copy of the model is loaded.
-
-A round moves the policy as far as its learning rate and steps take it, whatever its votes say;
-on a few dozen noisy votes most of that move is chance (scripts/BENCHMARKS.md). So a round stops
-once the policy is [dpo] max_kl from its start, estimated on the round's own answers: their mean
-fall in log-likelihood, -(log pi/pi_start of the chosen + of the rejected) / 2, which is the KL
-from the start where it sampled them.
+adapter on v0 (its LoRA B is zero, so it starts equal to the base). The reference is the base
+with every adapter off: no second copy of the model is loaded, and every round is tethered to
+the starting model, as PPO's KL penalty is.
 
 The pairs are people's votes, pairs the reward model ranked (`ranked_pairs`: the best and the
 worst of several fresh answers of the policy to a prompt, where the reward model is confident),
@@ -42,24 +35,6 @@ METRICS = {
     "rewards/margins": "margin",
     "rewards/accuracies": "accuracy",
 }
-
-
-class DPOStepLog(StepLog):
-    """StepLog with each step's estimated KL from the round's start (`kl_to_start`, in nats per answer), which
-    ends the round once it passes max_kl (0: never). A step's metrics come from its batch before its update."""
-
-    def __init__(self, on_step: StepFn | None, beta: float, max_kl: float):
-        super().__init__(on_step, METRICS)
-        self.beta, self.max_kl = beta, max_kl
-
-    def stats(self, logs: dict[str, float]) -> dict[str, float]:
-        stats = super().stats(logs)
-        return {**stats, "kl_to_start": -(stats["chosen_reward"] + stats["rejected_reward"]) / (2 * self.beta)}
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        super().on_log(args, state, control, logs, **kwargs)
-        if self.max_kl and self.steps and self.steps[-1]["kl_to_start"] > self.max_kl:
-            control.should_training_stop = True
 
 
 def ranked_pairs(
@@ -151,7 +126,7 @@ def train_dpo(
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
     torch.manual_seed(config.seed)
     dataset = Dataset.from_list(kept)
-    log = DPOStepLog(on_step, config.beta, config.max_kl)
+    log = StepLog(on_step, METRICS)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLDPOConfig(
             **trainer_settings(scratch, config.seed, config.precision, on_cpu),
@@ -162,21 +137,17 @@ def train_dpo(
             label_smoothing=smoothing,
             num_train_epochs=config.epochs,
             per_device_train_batch_size=config.batch_size // processes,
-            gradient_accumulation_steps=config.gradient_accumulation,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
             max_length=None,  # the pairs that do not fit were left out above: TRL would cut their responses' ends
             logging_steps=1,
         )
-        # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the base with
-        # adapters off as the reference, or the base with the adapter named "ref" where there is one.
+        # With a peft_config and no ref_model, the trainer puts a new adapter on the base and takes the
+        # base with adapters off as the reference.
         trainer = _PairsAsSampled(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               callbacks=[log])
-        if policy_dir is not None:
-            trainer.model.load_adapter(str(policy_dir), adapter_name="ref", is_trainable=False)
         train_from(trainer, policy_dir)
     distributed.report_share(len(kept), "preference pairs")
     if distributed.is_main():
         save_adapter(trainer, out_dir, "dpo_config.json", asdict(config))
-    return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept), "label_smoothing": smoothing,
-            "stopped_at_kl": len(log.steps) < trainer.state.max_steps}
+    return {"steps": log.steps, "pairs": len(kept), "pairs_too_long": len(rows) - len(kept), "label_smoothing": smoothing}

@@ -246,8 +246,7 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
     result = train_dpo(model, tokenizer, human + ranked, dpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
     return {"adapter": "policy", "steps": result["steps"], "pairs": result["pairs"], "pairs_too_long": result["pairs_too_long"],
-            "pairs_human": len(human), "pairs_reward_model": len(ranked), "label_smoothing": result["label_smoothing"],
-            "stopped_at_kl": result["stopped_at_kl"]}
+            "pairs_human": len(human), "pairs_reward_model": len(ranked), "label_smoothing": result["label_smoothing"]}
 
 
 def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: ModelConfig, events: Events) -> list:

@@ -1,8 +1,7 @@
-"""DPO rounds on the tiny model: the reference is the round's start, rounds continue and stop at max_kl, and the adapter is plain PEFT."""
+"""DPO rounds on the tiny model: the reference is the base, rounds continue, and the adapter is plain PEFT."""
 
 import json
 import math
-import re
 import subprocess
 import sys
 
@@ -39,13 +38,10 @@ def margin(model, tokenizer) -> float:
                for r in ROWS) / len(ROWS)
 
 
-@pytest.mark.parametrize("batch_size, accumulation", [(4, 1), (2, 2)])
-def test_at_step_0_the_loss_is_log_2_and_the_rewards_are_0(tiny_model_dir, tmp_path, batch_size, accumulation):
-    """From v0 the new adapter's LoRA B is zero: the policy is the reference, so it must be the base itself. Four pairs
-    make an optimiser step, in one batch or two."""
+def test_at_step_0_the_loss_is_log_2_and_the_rewards_are_0(tiny_model_dir, tmp_path):
+    """From v0 the new adapter's LoRA B is zero: the policy is the reference, so it must be the base itself."""
     model, tokenizer = tiny(tiny_model_dir)
-    config = DPOConfig(epochs=1, batch_size=batch_size, gradient_accumulation=accumulation)
-    result = train_dpo(model, tokenizer, ROWS, config, tmp_path / "v1", on_cpu=True)
+    result = train_dpo(model, tokenizer, ROWS, DPOConfig(epochs=1, batch_size=4), tmp_path / "v1", on_cpu=True)
     first = result["steps"][0]
     assert first["step"] == 1 and first["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert first["chosen_reward"] == pytest.approx(0, abs=1e-6) and first["rejected_reward"] == pytest.approx(0, abs=1e-6)
@@ -57,33 +53,19 @@ def test_rounds_continue_from_the_policy_raise_the_chosen_and_load_with_plain_pe
 
     base, tokenizer = tiny(tiny_model_dir)
     before = margin(base, tokenizer)
-    config = DPOConfig(epochs=4, batch_size=4, learning_rate=5e-3, beta=0.1, max_kl=0)
+    config = DPOConfig(epochs=4, batch_size=4, learning_rate=5e-3, beta=0.1)
     train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / "v1", on_cpu=True)
     v1 = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tmp_path / "v1")).eval()
     after_one = margin(v1, tokenizer)
     assert after_one > before + 1.0
 
-    # The next round starts from v1 and is measured against v1, not the base: at its first step the policy is its
-    # reference, though v1's margin over v0 is more than a nat.
+    # The next round starts from v1, still against the base: its first implicit rewards are v1's gain over v0.
     result = train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / "v2", tmp_path / "v1", on_cpu=True)
     first = result["steps"][0]
-    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)
-    assert first["chosen_reward"] == pytest.approx(0, abs=1e-5) and first["rejected_reward"] == pytest.approx(0, abs=1e-5)
-    assert len(result["steps"]) == 8 and not result["stopped_at_kl"]
+    assert first["margin"] == pytest.approx(config.beta * (after_one - before), rel=0.05)
+    assert first["loss"] < math.log(2)
     v2 = PeftModel.from_pretrained(tiny(tiny_model_dir)[0], str(tmp_path / "v2")).eval()
     assert margin(v2, tokenizer) > after_one
-    assert sorted(p.name for p in (tmp_path / "v2").iterdir() if p.is_dir()) == [], "the reference adapter is not the policy's"
-
-
-def test_a_round_stops_at_the_first_step_past_max_kl_from_its_start(tiny_model_dir, tmp_path):
-    """kl_to_start is the fall in log-likelihood of the step's answers from the round's start, per answer."""
-    config = DPOConfig(epochs=8, batch_size=4, learning_rate=2e-2, beta=0.1, max_kl=0.5)
-    result = train_dpo(*tiny(tiny_model_dir), ROWS, config, tmp_path / "v1", on_cpu=True)
-    kls = [s["kl_to_start"] for s in result["steps"]]
-    assert result["stopped_at_kl"] and 1 < len(kls) < 16, kls
-    assert kls[-1] > config.max_kl >= max(kls[:-1])
-    for s in result["steps"]:
-        assert s["kl_to_start"] == pytest.approx(-(s["chosen_reward"] + s["rejected_reward"]) / (2 * config.beta))
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.3])
@@ -164,9 +146,7 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
     assert [(kind, status) for _, kind, status in jobs] == [("dpo", "done"), ("generate", "done")]
     assert round_ == ("done", None, 1)
-    assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs", "kl_to_start", "stopped_at_kl"} <= metrics
-    assert re.search(r"on \d+ pairs \(0 too long\), KL to v0 -?\d+\.\d\d on its pairs(, stopped at \[dpo\] max_kl)?, final margin",
-                     done.stdout), done.stdout
+    assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs"} <= metrics
     trained_on = read_parquet(tiny_project / "jobs" / str(jobs[0][0]) / "inputs" / "preferences.parquet")
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:

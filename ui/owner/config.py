@@ -131,7 +131,7 @@ class RoundConfig:
                           "first, then trusted_optimizer runs against it if it steers ([reward_model] trust: it has predicted "
                           "votes it never saw better than chance), and DPO on the votes otherwise; the round says which and "
                           "why. 'ppo' (PPO against a reward model trained on the votes, with a KL penalty to the starting "
-                          "model), 'dpo' (DPO with the version the round starts from as its reference, on the votes and on the policy's "
+                          "model), 'dpo' (DPO with the starting model as its reference, on the votes and on the policy's "
                           "fresh answers ranked by a reward model trained on them first, as [dpo] pairs says) or 'grpo' (a "
                           "reward model, then GRPO: groups of responses per prompt, each group's mean reward the baseline, no "
                           "value model) run whatever the reward model has shown: PPO against a reward model no better "

@@ -666,8 +666,8 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
         if job.round is not None:
             set_policy_to(con, job.round, version)
         steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
-        dpo_counts = ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing", "stopped_at_kl")
-        if counts := {k: result[k] for k in dpo_counts if k in result}:
+        if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing")
+                      if k in result}:  # DPO's
             steps.append((0, counts))
         add_metrics(con, job.id, steps)
         finish_job(con, job.id, "done", utcnow())

@@ -169,10 +169,9 @@ class RoundSummary:
     settings: dict[str, Any]  # the settings that job ran with
     policy_job: int | None
     kl: float | None  # KL to the starting model (v0) at PPO's or GRPO's last step
-    kl_to_parent: float | None  # KL to the version the round started from: PPO's on its last step's rollouts, DPO's estimate on its last step's pairs
+    kl_to_parent: float | None  # KL to the version PPO started from, at its last step
     ended: float | None  # share of PPO's or GRPO's responses that ended within the length budget, at the last step
     stopped_early: bool  # PPO stopped at a step over [round] kl_budget
-    stopped_at_kl: bool  # DPO stopped once the policy was [dpo] max_kl from its start
     score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
     pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
@@ -203,7 +202,7 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     policy_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
     accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
     kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = smoothing = None
-    stopped_early = stopped_at_kl = False
+    stopped_early = False
     if policy_job is not None and policy_job.status == "done":
         last = run(job_metrics, policy_job.id)
         margin, pair_accuracy = last.get("margin"), last.get("accuracy")
@@ -211,7 +210,6 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         smoothing = last.get("label_smoothing")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
-        stopped_at_kl = bool(last.get("stopped_at_kl"))
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
     win_rate = controlled = None
@@ -226,7 +224,7 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     return RoundSummary(
         round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
-        stopped_early, stopped_at_kl, score_gain, margin, pair_accuracy, pairs, smoothing,
+        stopped_early, score_gain, margin, pair_accuracy, pairs, smoothing,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind,
     )
 
@@ -454,7 +452,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "RM accuracy": _percent(summary.reward_accuracy),
         "optimizer": _settings(summary),
         "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),
-        "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}" + (" (max_kl)" if summary.stopped_at_kl else ""),
+        "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}",
         "ended": _percent(summary.ended),
         "win rate": "" if win is None or win.rate is None else f"{win.rate:.0%} [{win.low:.0%}, {win.high:.0%}]",
         "length-controlled": "" if lc is None else f"{lc.rate:.0%} [{lc.low:.0%}, {lc.high:.0%}]",
@@ -471,7 +469,7 @@ def _chosen_by_auto(round_: Round) -> bool:
 # The settings the round history shows for each optimiser.
 SHOWN_SETTINGS = {
     "ppo": ("steps", "batch_size", "learning_rate", "kl_coef", "target_kl"),
-    "dpo": ("pairs", "beta", "votes", "epochs", "batch_size", "learning_rate", "max_kl"),
+    "dpo": ("pairs", "beta", "votes", "epochs", "batch_size", "learning_rate"),
     "grpo": ("steps", "prompts_per_step", "group_size", "learning_rate", "beta"),
 }
 

@@ -170,9 +170,8 @@ def _trained(project: Project, summary: RoundSummary) -> str:
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
         robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
-        stopped = ", stopped at [dpo] max_kl" if summary.stopped_at_kl else ""
-        trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), KL to v{round_.policy_from} "
-                   f"{summary.kl_to_parent:.2f} on its pairs{stopped}, final margin {summary.margin:+.3f}, accuracy {_share(summary.pair_accuracy)}")
+        trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
+                   f"accuracy {_share(summary.pair_accuracy)}")
         if round_.reward_version is None:  # on the votes alone
             return trained
         reward_model = project.run(get_reward_model, round_.reward_version)
