@@ -33,6 +33,7 @@ from annotate.judges import load_judge  # noqa: E402  (the repository root, not 
 from annotate.simulate import judge_against  # noqa: E402
 from store.policies import get_policy  # noqa: E402
 from store.prompt_files import read_prompt_file  # noqa: E402
+from train.config import DPOConfig  # noqa: E402
 from train.jobdir import input_path, read_job  # noqa: E402
 from ui.owner.jobs import job_dir  # noqa: E402
 from ui.owner.project import load_project  # noqa: E402
@@ -56,9 +57,15 @@ def arm_settings(arm: str) -> dict:
     """What an arm changes in a DPO job's [dpo] settings."""
     if arm == "job":
         return {}
-    if "=" in arm:
-        return {name: _value(value) for name, value in (setting.split("=", 1) for setting in arm.split("+"))}
-    return {"label_smoothing": 0.0 if arm == "plain" else float(arm)}
+    try:
+        if "=" in arm:
+            settings = {name: _value(value) for name, value in (setting.split("=", 1) for setting in arm.split("+"))}
+        else:
+            settings = {"label_smoothing": 0.0 if arm == "plain" else float(arm)}
+        DPOConfig(**settings)  # a misspelt name or a value out of range stops here
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"arm {arm!r}: {e}") from None
+    return settings
 
 
 def _value(text: str):
@@ -70,7 +77,7 @@ def _value(text: str):
 
 def replay_round(project, job_id: int, arm: str, previous: Path | None, out_dir: Path) -> dict:
     """Train one arm's next adapter on the job's frozen pairs from `previous`; the job's settings but what the arm changes."""
-    from train.config import DPOConfig, ModelConfig
+    from train.config import ModelConfig
     from train.dpo import train_dpo
     from train.models import load_model
     from train.snapshot import read_preferences
@@ -101,6 +108,9 @@ def main() -> None:
     judge = load_judge(args.judge)
     prompts = [p.messages for p in read_prompt_file(args.eval_prompts, project.config.server.import_limits())]
     per_prompt = math.ceil(EVAL_PAIRS / len(prompts))
+    arms = args.arms.split(",")
+    for arm in arms:
+        arm_settings(arm)  # a misspelt setting stops here, not after the baseline's answers
     rounds = dpo_rounds(project)[: args.rounds]
     if not rounds:
         raise SystemExit(f"{args.project}: its first round ran no DPO job: nothing to replay")
@@ -108,7 +118,7 @@ def main() -> None:
           flush=True)
     baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, per_prompt, args.seed)
     table = []
-    for arm in args.arms.split(","):
+    for arm in arms:
         previous = None
         for number, (round_id, job_id) in enumerate(rounds, start=1):
             out_dir = args.workdir / f"{arm}-round-{number}"

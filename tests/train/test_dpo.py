@@ -159,11 +159,12 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     assert "v0 → v1" in history
 
     # scripts/bench_dpo_loss.py replays the round on its frozen pairs: with the job's own loss it trains v1's adapter
-    # again, and with plain DPO another one, each judged against v0.
+    # again, with plain DPO another one, and with the job's settings but those an arm names a third, each judged against v0.
     eval_prompts = tiny_project.parent / "eval.jsonl"
     eval_prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Name a colour.", "Say hello.")))
     replay = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_dpo_loss.py"), "--project", str(tiny_project),
-                             "--judge", "concise", "--eval-prompts", str(eval_prompts), "--workdir", str(tiny_project.parent / "replay")],
+                             "--judge", "concise", "--eval-prompts", str(eval_prompts), "--workdir", str(tiny_project.parent / "replay"),
+                             "--arms", "job,plain,seed=1+learning_rate=5e-4"],
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 0, replay.stderr[-3000:]
     rows = {r["arm"]: r for r in map(json.loads, (line for line in replay.stdout.splitlines() if line.startswith("{")))}
@@ -174,6 +175,9 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     original = load_file(tiny_project / adapter / "adapter_model.safetensors")
     assert all(torch.equal(weights["job"][k], original[k]) for k in original), "the replay must train what the round trained"
     assert not all(torch.equal(weights["plain"][k], original[k]) for k in original)
+    settings = json.loads((tiny_project.parent / "replay" / "seed=1+learning_rate=5e-4-round-1" / "dpo_config.json").read_text())
+    job_settings = json.loads((tiny_project / adapter / "dpo_config.json").read_text())
+    assert settings == job_settings | {"seed": 1, "learning_rate": 5e-4}
 
 
 def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tiny_project, tmp_path):
