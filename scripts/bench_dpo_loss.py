@@ -75,7 +75,7 @@ def _value(text: str):
         return text  # a word, such as label_smoothing=auto
 
 
-def replay_round(project, job_id: int, arm: str, previous: Path | None, out_dir: Path) -> dict:
+def replay_round(project, job_id: int, changes: dict, previous: Path | None, out_dir: Path) -> dict:
     """Train one arm's next adapter on the job's frozen pairs from `previous`; the job's settings but what the arm changes."""
     from train.config import ModelConfig
     from train.dpo import train_dpo
@@ -84,7 +84,7 @@ def replay_round(project, job_id: int, arm: str, previous: Path | None, out_dir:
 
     folder = job_dir(project, job_id)
     config = read_job(folder)["config"]
-    settings = config["dpo"] | arm_settings(arm)
+    settings = config["dpo"] | changes
     rows = read_preferences(input_path(folder, "preferences"))
     model, tokenizer = load_model(ModelConfig(**config["model"]))
     started = time.monotonic()
@@ -108,9 +108,7 @@ def main() -> None:
     judge = load_judge(args.judge)
     prompts = [p.messages for p in read_prompt_file(args.eval_prompts, project.config.server.import_limits())]
     per_prompt = math.ceil(EVAL_PAIRS / len(prompts))
-    arms = args.arms.split(",")
-    for arm in arms:
-        arm_settings(arm)  # a misspelt setting stops here, not after the baseline's answers
+    arms = {arm: arm_settings(arm) for arm in args.arms.split(",")}  # a misspelt setting stops here, before any answers
     rounds = dpo_rounds(project)[: args.rounds]
     if not rounds:
         raise SystemExit(f"{args.project}: its first round ran no DPO job: nothing to replay")
@@ -118,11 +116,11 @@ def main() -> None:
           flush=True)
     baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, per_prompt, args.seed)
     table = []
-    for arm in arms:
+    for arm, changes in arms.items():
         previous = None
         for number, (round_id, job_id) in enumerate(rounds, start=1):
             out_dir = args.workdir / f"{arm}-round-{number}"
-            trained = replay_round(project, job_id, arm, previous, out_dir)
+            trained = replay_round(project, job_id, changes, previous, out_dir)
             answers, kl = sample_answers(project, out_dir, prompts, per_prompt, args.seed)
             verdict = judge_against(judge, prompts, [a.text for a in answers], [a.text for a in baseline])
             row = {"arm": arm, "round": number, "job": job_id, **trained, "win_rate": verdict.win_rate, "low": verdict.low,
