@@ -25,7 +25,7 @@ from train.config import PPOConfig, RewardModelConfig
 from train.ppo import RewardScorer, build, position_ids
 from train.reward import build_model
 from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
-from ui.owner.jobs import is_held_back
+from ui.owner.jobs import WORKER_ENV, is_held_back
 from ui.owner.project import init_project
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +59,15 @@ def save_tiny_llama(path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+@pytest.fixture(autouse=True)
+def jobs_run_where_they_start(request, monkeypatch):
+    """Jobs that run_here starts (every `tether` command's) run the worker's code in that very process, which
+    skips a worker process's start (6 to 8 s of imports), except in tests about the worker process itself
+    (marked worker_process). The app's jobs always start worker processes."""
+    if not request.node.get_closest_marker("worker_process"):
+        monkeypatch.setenv(WORKER_ENV, "here")
 
 
 @pytest.fixture(scope="session")

@@ -378,6 +378,24 @@ def peak_memory() -> dict[str, float]:
     return peak
 
 
+def run(job_dir: Path) -> int:
+    """Run the job in `job_dir` in this process; the worker's exit code (1 for a ModelError, said in one line)."""
+    job = read_job(job_dir)
+    events = Events(job_dir, enabled=distributed.is_main())
+    try:
+        result = RUNNERS[job["kind"]](job_dir, job["config"], events)
+    except ModelError as e:  # a problem with the model or its input, said in one line
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    distributed.wait_for_everyone()  # result.json says the whole job is done, every process's part of it
+    if distributed.is_main():
+        result["peak_memory"] = peak_memory()
+        print("peak memory: " + ", ".join(f"{name} {gb:.2f} GB" for name, gb in result["peak_memory"].items()), file=sys.stderr)
+        write_result(job_dir, result)
+        events.emit("finished")
+    return 0
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -385,20 +403,7 @@ def main(argv: list[str]) -> None:
     if owner := os.environ.get(OWNER_PID_ENV):
         exit_with_owner(int(owner))
     os.nice(NICENESS)
-    job_dir = Path(argv[1])
-    job = read_job(job_dir)
-    events = Events(job_dir, enabled=distributed.is_main())
-    try:
-        result = RUNNERS[job["kind"]](job_dir, job["config"], events)
-    except ModelError as e:  # a problem with the model or its input, said in one line
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    distributed.wait_for_everyone()  # result.json says the whole job is done, every process's part of it
-    if distributed.is_main():
-        result["peak_memory"] = peak_memory()
-        print("peak memory: " + ", ".join(f"{name} {gb:.2f} GB" for name, gb in result["peak_memory"].items()), file=sys.stderr)
-        write_result(job_dir, result)
-        events.emit("finished")
+    sys.exit(run(Path(argv[1])))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ def test_a_round_that_fits_keeps_the_profiles_settings(tmp_path, tiny_model_dir)
     assert "lowered" not in project.profile and project.config.ppo.minibatch_size == 8
 
 
+@pytest.mark.worker_process
 def test_each_job_records_the_peak_memory_its_worker_measured(tiny_project):
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     run_tether("generate", "--limit", "2", "--project", str(tiny_project), check=True)

@@ -21,6 +21,8 @@ from train.jobdir import read_events
 from ui.owner.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
 from ui.owner.project import load_project
 
+pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
+
 # The held-out Bradley-Terry loss of the two-process reward model against the one-process one,
 # same global batch and seed. The two see each step's pairs in another grouping (the length
 # sampler groups per process) and draw other dropout masks, so they are not equal; on this task

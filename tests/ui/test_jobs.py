@@ -19,6 +19,8 @@ from train.worker import NICENESS
 from ui.owner.jobs import job_dir, run_job, submit_generation
 from ui.owner.project import load_project
 
+pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
+
 PASSWORD = "password-123"
 
 

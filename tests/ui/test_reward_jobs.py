@@ -175,6 +175,7 @@ def snapshot_rows(project: Path, job_id: int) -> list[PreferenceRow]:
     return read_preferences(project / "jobs" / str(job_id) / "inputs" / "preferences.parquet")
 
 
+@pytest.mark.worker_process
 def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
     set_settings(tiny_project, "reward_model", kind="lora", epochs=50, batch_size=2)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)

@@ -5,6 +5,7 @@ events, and ingest its result in one transaction. Used by the app's job queue an
 `Project.run` in the CLI, which opens the database for just that call.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +53,7 @@ from ui.owner.recovery import reconcile, record_worker, register_adapter
 
 Run = Callable[..., Any]
 POLL_SECONDS = 0.5
+WORKER_ENV = "TETHER_WORKER"  # "here": run_here runs jobs in its own process
 
 
 class JobError(StoreError):
@@ -586,17 +589,37 @@ def run_job(
     cancelled: Callable[[], str | None] = lambda: None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     command: list[str] | None = None,
+    here: bool = False,
 ) -> Job:
     """Run the worker to its end, following its progress; ingest its result or record its failure.
 
     `cancelled()` returns why the job must stop now, or None to go on. It is asked once more after
     the worker exits, so a job cancelled as its worker finished is cancelled, its result never
     taken; a cancel asked for after that finds the job done. `command` runs the job directory's
-    worker some other way than [worker] gpus says (worker_command).
+    worker some other way than [worker] gpus says (worker_command). `here` runs the worker's code
+    in this process instead (run_here says when), with no progress until it ends and no cancelling.
     """
     directory = job_dir(project, job.id)
     if not run(start_job, job.id):  # cancelled while it waited in the queue
         return run(get_job, job.id)
+    returncode = _run_worker_here(directory) if here else _run_worker_process(project, run, job, cancelled, on_progress, command)
+    if returncode is None:
+        return run(get_job, job.id)
+    result = read_result(directory)
+    if returncode == 0 and result is not None:
+        run(INGESTERS[job.kind], job, directory, result, project)
+        run(add_metrics, job.id, [(0, result["peak_memory"])])
+    else:
+        run(finish_job, job.id, "failed", utcnow(), f"the worker exited with code {returncode}:\n{log_tail(directory)}")
+    return run(get_job, job.id)
+
+
+def _run_worker_process(
+    project: Project, run: Run, job: Job, cancelled: Callable[[], str | None],
+    on_progress: Callable[[dict[str, Any]], None] | None, command: list[str] | None,
+) -> int | None:
+    """Start the job's worker process and follow it to its exit code; None once the job is cancelled and its worker killed."""
+    directory = job_dir(project, job.id)
     with (directory / LOG_FILE).open("w") as log:
         # Its own session, so cancelling can kill the worker and anything it started. No
         # preexec_fn: Python code between fork and exec in a threaded server can deadlock, so the
@@ -624,28 +647,39 @@ def run_job(
             if reason := cancelled():
                 _stop(worker)
                 run(finish_job, job.id, "cancelled", utcnow(), reason)
-                return run(get_job, job.id)
+                return None
             if exited:
-                break
+                return worker.returncode
             time.sleep(POLL_SECONDS)
     except BaseException:  # whoever catches this fails the job: its worker must not run on unwatched
         _stop(worker)
         raise
-    result = read_result(directory)
-    if worker.returncode == 0 and result is not None:
-        run(INGESTERS[job.kind], job, directory, result, project)
-        run(add_metrics, job.id, [(0, result["peak_memory"])])
-    else:
-        run(finish_job, job.id, "failed", utcnow(), f"the worker exited with code {worker.returncode}:\n{log_tail(directory)}")
-    return run(get_job, job.id)
+
+
+def _run_worker_here(directory: Path) -> int:
+    """The worker's code in this process, its output to the job's log: the exit code a worker process would give."""
+    from train import worker
+
+    with (directory / LOG_FILE).open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            return worker.run(directory)
+        except Exception:  # as a worker process would die of it: its traceback in the log
+            traceback.print_exc()
+            return 1
 
 
 def run_here(project: Project, job: Job, label: str) -> Job:
-    """Run a job's worker from this process, with a progress bar, after setting right what a process that died left."""
+    """Run a job's worker from this process, with a progress bar, after setting right what a process that died left.
+
+    With TETHER_WORKER=here in the environment (and one worker process) the worker's code runs in this
+    very process: a breakpoint in it is reached, and a caller that has imported torch already (the test
+    suite) skips a worker's start of 6 to 8 s. The app always starts worker processes.
+    """
     for line in project.run(reconcile, project):
         print(line, file=sys.stderr)
+    here = os.environ.get(WORKER_ENV) == "here" and project.config.worker.processes() == 1
     with tqdm(total=100, desc=label, unit="%", bar_format="{l_bar}{bar}| {elapsed}") as bar:
-        return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n))
+        return run_job(project, project.run, job, on_progress=lambda e: bar.update(round(100 * e["progress"]) - bar.n), here=here)
 
 
 def run_to_end(project: Project, job: Job, label: str) -> Job:
