@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
+from click.testing import CliRunner
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -25,6 +27,7 @@ from train.config import PPOConfig, RewardModelConfig
 from train.ppo import RewardScorer, build, position_ids
 from train.reward import build_model
 from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
+from ui.cli import cli
 from ui.owner.jobs import WORKER_ENV, is_held_back
 from ui.owner.project import init_project
 
@@ -106,12 +109,26 @@ def set_settings(project: Path, section: str, **values) -> None:
     path.write_text(text[:start] + body + text[end:])
 
 
-def run_tether(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
-    """The real `tether` command in a child process, as a user runs it."""
-    tether = Path(sys.executable).parent / "tether"
-    return subprocess.run(
-        [str(tether), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, **kwargs
-    )
+def run_tether(*args: str, env: dict[str, str] | None = None, input: str | None = None, check: bool = False,
+               **kwargs) -> subprocess.CompletedProcess:
+    """The real `tether` command as a user runs it, its exit code and output as a child process gives them.
+
+    It runs in this process, where torch is imported already (a child spends 1 to 4 s starting), unless
+    the test needs a process of its own: `serve`, or its own environment, working directory or time
+    limit (`env`, `cwd`, `timeout`: a fault injected through the environment may kill the process).
+    """
+    if env or kwargs or args[0] == "serve":
+        tether = Path(sys.executable).parent / "tether"
+        return subprocess.run([str(tether), *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                              input=input, check=check, **kwargs)
+    result = CliRunner().invoke(cli, list(args), input=input, prog_name="tether")
+    stderr = result.stderr
+    if result.exception and not isinstance(result.exception, SystemExit):  # as Python prints an uncaught one
+        stderr += "".join(traceback.format_exception(result.exception))
+    done = subprocess.CompletedProcess(["tether", *args], result.exit_code, result.stdout, stderr)
+    if check:
+        done.check_returncode()
+    return done
 
 
 @contextmanager
