@@ -14,6 +14,9 @@ artifacts and result.json, and only once every process has finished; a process t
 
 Every worker process exits when the process that started the job (the app or a `tether`
 command, named by TETHER_OWNER_PID) is gone, even by kill -9, rather than train on unwatched.
+
+With TETHER_WORKER=here, a `tether` command runs its jobs through `run` in its own process instead
+(ui.owner.jobs.run_here): a debugger's breakpoint is reached, and the tests skip a worker's start.
 """
 
 import dataclasses

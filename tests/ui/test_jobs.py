@@ -16,7 +16,7 @@ from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, wait_for, worker_pids
 from train.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
 from train.worker import NICENESS
-from ui.owner.jobs import job_dir, run_job, submit_generation
+from ui.owner.jobs import WORKER_ENV, job_dir, run_job, submit_generation
 from ui.owner.project import load_project
 
 pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
@@ -154,7 +154,9 @@ def test_a_worker_whose_owner_is_gone_before_it_starts_stops_at_once(slow_projec
     assert not (directory / RESULT_FILE).exists()
 
 
-def test_a_failing_worker_is_reported_by_the_cli_with_its_log(tiny_project, tmp_path):
+@pytest.mark.parametrize("worker", ["process", "here"])
+def test_a_failing_worker_is_reported_by_the_cli_with_its_log(tiny_project, tmp_path, monkeypatch, worker):
+    monkeypatch.setenv(WORKER_ENV, worker)
     config = tiny_project / "tether.toml"
     config.write_text(config.read_text().replace('name_or_path = "', f'name_or_path = "{tmp_path}/gone'))
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
@@ -163,6 +165,18 @@ def test_a_failing_worker_is_reported_by_the_cli_with_its_log(tiny_project, tmp_
     assert "job 1 failed: the worker exited with code 1" in result.stderr
     assert "error: cannot load model" in result.stderr and "Traceback" not in result.stderr
     assert completions(tiny_project) == 0
+
+
+def test_a_job_run_here_that_raises_fails_with_its_traceback_and_the_next_runs(tiny_project):
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    project = load_project(tiny_project)
+    broken = submit_generation(project, project.run, 1, 1)
+    (job_dir(project, broken.id) / "inputs" / "prompts.parquet").write_bytes(b"changed")
+    failed = run_job(project, project.run, broken, here=True)
+    assert failed.status == "failed" and failed.error.startswith("the worker exited with code 1:")
+    assert "Traceback" in failed.error and "changed after the job was written" in failed.error
+    assert run_job(project, project.run, submit_generation(project, project.run, 1, 1), here=True).status == "done"
+    assert completions(tiny_project) == 1
 
 
 def test_job_inputs_are_frozen_by_their_hashes(tmp_path):
