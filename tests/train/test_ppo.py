@@ -109,7 +109,9 @@ def test_rewards_are_the_kl_penalty_per_token_and_the_score_on_the_last_token_on
     penalty = rollout.rewards - last * rollout.scores[:, None]
     assert torch.allclose(penalty, -beta * kl)
     # The sign: where the policy likes a token more than the reference, its reward goes down.
-    assert (penalty[kl > 0] < 0).all() and (penalty[kl < 0] > 0).all()
+    likes_more, likes_less = (rollout.logprobs > rollout.start_logprobs) & mask, (rollout.logprobs < rollout.start_logprobs) & mask
+    assert likes_more.any() and likes_less.any()
+    assert (penalty[likes_more] < 0).all() and (penalty[likes_less] > 0).all()
     assert (rollout.rewards[~mask] == 0).all()
 
     without_kl = add_rewards(rollout, 0.0)
@@ -186,6 +188,20 @@ def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favo
     assert [s["step"] for s in steps] == list(range(1, 13)) and all(len(s["samples"]) == 3 for s in steps)
     for name in ("score", "kl", "entropy", "clip_fraction", "approx_kl", "value_loss", "response_length", "beta"):
         assert all(isinstance(s[name], float) for s in steps), name
+
+
+def test_the_kl_penalty_holds_the_policy_nearer_its_start(peaked_model_dir, favoured, tmp_path):
+    """The same run without the penalty and with a strong one: with it, the first token's distribution ends nearer the start's."""
+    start = first_token_probs(peaked_model_dir)
+    moved = {}
+    for kl_coef in (0.0, 5.0):
+        model, tokenizer = load_plain(peaked_model_dir)
+        config = PPOConfig(steps=8, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-4,
+                           kl_coef=kl_coef, target_kl=0, missing_eos_penalty=0.0, seed=1)
+        train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / f"beta-{kl_coef}")
+        policy = first_token_probs(peaked_model_dir, tmp_path / f"beta-{kl_coef}")
+        moved[kl_coef] = (policy * (policy.log() - start.log())).sum().item()  # KL(policy || start) on the first token
+    assert 0 < moved[5.0] < 0.5 * moved[0.0], moved
 
 
 PLAIN_GENERATE = """
