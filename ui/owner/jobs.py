@@ -602,7 +602,7 @@ def run_job(
     directory = job_dir(project, job.id)
     if not run(start_job, job.id):  # cancelled while it waited in the queue
         return run(get_job, job.id)
-    returncode = _run_worker_here(directory) if here else _run_worker_process(project, run, job, cancelled, on_progress, command)
+    returncode = _run_worker_here(directory) if here else _run_worker_process(project, run, job, directory, cancelled, on_progress, command)
     if returncode is None:
         return run(get_job, job.id)
     result = read_result(directory)
@@ -615,11 +615,10 @@ def run_job(
 
 
 def _run_worker_process(
-    project: Project, run: Run, job: Job, cancelled: Callable[[], str | None],
+    project: Project, run: Run, job: Job, directory: Path, cancelled: Callable[[], str | None],
     on_progress: Callable[[dict[str, Any]], None] | None, command: list[str] | None,
 ) -> int | None:
     """Start the job's worker process and follow it to its exit code; None once the job is cancelled and its worker killed."""
-    directory = job_dir(project, job.id)
     with (directory / LOG_FILE).open("w") as log:
         # Its own session, so cancelling can kill the worker and anything it started. No
         # preexec_fn: Python code between fork and exec in a threaded server can deadlock, so the
