@@ -8,8 +8,9 @@ from tests.conftest import REPO
 
 
 def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--tiny", "--skip-trl", "--peak-bandwidth", "0.05",
-                           "--peak-tflops", "1"],
+    # Peaks at a CPU's scale (1 GB/s, 10 GFLOP/s): at a GPU's, the tiny model's shares print as 0.0% or 0.1% and flake.
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--tiny", "--skip-trl", "--peak-bandwidth", "0.001",
+                           "--peak-tflops", "0.01"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("CPU (4-bit needs CUDA: left out)"), done.stdout
