@@ -263,6 +263,9 @@ def ppo_config(options):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of the 1B and 3B ones, and small batches: runs on a CPU")
+    parser.add_argument("--tiny-layers", type=int, default=2,
+                        help="the --tiny model's depth [default: 2]; at 16, the 1B's, its PPO update on a CPU is bound by "
+                             "dispatching operators, as the 1B's is by launching kernels on a GPU")
     parser.add_argument("--sizes", nargs="+", choices=["1B", "3B"], default=["1B", "3B"], help="model sizes [default: 1B 3B]")
     parser.add_argument("--compile", choices=["auto", "true", "false"], default="true",
                         help="[model] compile for the ppo and generate arms; 'auto' compiles only a job of 1,500 decode steps or "
@@ -400,7 +403,7 @@ def child(options) -> dict:
     model_dir, workdir, quantization = options.model_dir, options.workdir, options.quantization
     if options.arm == "build":
         size = model_dir.name
-        build_model(model_dir, SHAPES[size])
+        build_model(model_dir, SHAPES[size] | ({"num_hidden_layers": options.tiny_layers} if size == "tiny" else {}))
         return {}
     if options.arm == "remove":
         import shutil

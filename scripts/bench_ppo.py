@@ -17,8 +17,8 @@ the base and a random score head, saved in Tether's format for Tether, and merge
 sequence classifier for TRL, which copies it for its reward and value models.
 
 What differs, by design of each trainer:
-- models: Tether holds one base with policy, value and reward adapters; TRL holds the base with
-  the policy adapter, and two more full models, the value model (trained in full) and the
+- models: Tether holds one base with the policy's and reward model's adapters and a value head on
+  the policy's states; TRL holds the base with the policy adapter, and two more full models, the value model (trained in full) and the
   reward model. That is what the memory comparison measures;
 - log-probs: TRL takes the rollout's from generate's scores; Tether recomputes them, with the
   entropy, in a forward pass;
@@ -113,8 +113,7 @@ def prepare(workdir: Path, config: PPOConfig) -> None:
     model_path = resolve_model_path(DEFAULT_MODEL)
     prompts = [p.messages for p in read_prompt_file(PROMPTS_FILE)]
     (workdir / "setup.json").write_text(json.dumps({"model_path": model_path, "prompts": prompts}))
-    # The value adapter copies the reward model's, so its rank follows --lora-r as the policy's does.
-    # One head: TRL's PPO reads a scalar reward model.
+    # One head: TRL's PPO reads a scalar reward model. Its rank follows --lora-r, as the policy's does.
     rm_config = RewardModelConfig(heads=1, lora_r=config.lora_r, lora_alpha=config.lora_alpha, seed=config.seed)
     model, tokenizer = build_model(model_path, rm_config)
     reward_dir = workdir / "reward"

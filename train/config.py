@@ -329,7 +329,7 @@ class PPOConfig:
     epochs: int = field(default=4, metadata={"help": "Passes over each batch (K in the PPO paper)."})
     learning_rate: float = field(
         default=1e-4,
-        metadata={"help": "AdamW learning rate of the policy and value adapters, constant. Faster is not better here: one "
+        metadata={"help": "AdamW learning rate of the policy adapter and the value head, constant. Faster is not better here: one "
                           "loop at 2e-4 did worse than at 1e-4, since a faster policy follows the reward model's errors "
                           "faster (scripts/BENCHMARKS.md)."},
     )
@@ -345,7 +345,7 @@ class PPOConfig:
         metadata={"help": "Sampling temperature. The loss divides the logits by it too, so the probabilities PPO "
                           "optimises are the ones it sampled from."},
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank of the policy adapter (the value adapter copies the reward model's)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank of the policy adapter."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of the policy adapter."})
     kl_coef: float = field(
         default=0.05,

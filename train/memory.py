@@ -210,10 +210,8 @@ class Estimator:
         ppo = self.config.ppo
         response = ppo.max_new_tokens or self.config.generation.max_new_tokens
         length = self.prompt_tokens + response
-        # The policy and value adapters train (the value's of the reward model's shape, or the policy's beside a head);
-        # the reward model's adapter rides along frozen.
-        value = self.reward_adapter() or self.lora_parameters(ppo.lora_r)
-        adapters = (self.lora_parameters(ppo.lora_r) + value) * ADAMW_BYTES + self.reward_adapter() * FLOAT32
+        # The policy's adapter trains (the value head beside it is a vector); the reward model's adapter rides along frozen.
+        adapters = self.lora_parameters(ppo.lora_r) * ADAMW_BYTES + self.reward_adapter() * FLOAT32
         kept = self.kept_activations(ppo.minibatch_size * length, length, 0.0, ppo.checkpointing(self.quantization != "none"))
         update = kept + self.logits(ppo.minibatch_size, response + 1)
         rollout = self.kv_cache(ppo.batch_size, length) + self.logits(ppo.batch_size, response + 1) / LOGIT_COPIES

@@ -1,18 +1,19 @@
 """PPO on a LoRA policy, held near the version it starts from and within a KL budget of the starting model.
 
 After InstructGPT (Ouyang et al. 2022) and "The N implementation details of RLHF with PPO"
-(Huang et al. 2024). One base model holds three LoRA adapters (PEFT named adapters):
+(Huang et al. 2024). One base model holds the LoRA adapters (PEFT named adapters) and two scalar heads:
 - `policy`, the adapter PPO trains, with the base's own language-model head;
-- `value`, an adapter started from the reward model's and a scalar head started at zero, both
-  trained: the value starts as a constant baseline and learns the returns;
-- `reward`, the reward model's adapter and head, frozen;
+- the value: a scalar head on the policy's last hidden states, started at zero and trained on
+  detached states, so that it learns the returns without moving the policy, in the policy's own
+  forward pass (`build` says why);
+- `reward`, the reward model's adapter and head, frozen; or a head alone on the base's features;
 - `start`, when PPO continues a policy version: that version, frozen, the KL penalty's reference.
 The starting model v0 is the base with the adapters disabled, so no reference costs a second base.
 
 Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
    distribution the loss scores (train.models.load_model drops the model's own sampling defaults);
-2. evaluate: the policy's and the reference's log-probs, the values, and the reward model's
+2. evaluate: the policy's log-probs and values, the reference's log-probs, and the reward model's
    reward of each response's text (the mean of its heads' normalised scores), scored as `tether
    rm score` scores it, minus uncertainty_penalty times the heads' spread and the missing-EOS and
    length penalties;
@@ -85,7 +86,8 @@ class Rollout:
 
 
 class PolicyWithHeads(nn.Module):
-    """The base model with the policy, value and reward adapters, and the two scalar heads."""
+    """The base model with the policy's adapter (and the reward model's, for a LoRA reward model), the value head and the
+    reward model's head."""
 
     def __init__(self, peft_model, value_head: nn.Linear, reward_head: nn.Linear):
         super().__init__()
@@ -98,17 +100,12 @@ class PolicyWithHeads(nn.Module):
         """The transformer without its LM head; LoRA layers inside it follow the active adapter."""
         return self.peft_model.get_base_model().base_model
 
-    def logits(self, input_ids, attention_mask, keep: int) -> torch.Tensor:
-        """(B, keep, V) next-token logits at the last `keep` positions, under the active adapter."""
-        return self.peft_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), logits_to_keep=keep,
-            use_cache=False,
-        ).logits
-
-    def hidden(self, input_ids, attention_mask) -> torch.Tensor:
-        """(B, T, H) last hidden states under the active adapter."""
-        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                             use_cache=False).last_hidden_state
+    def forward(self, input_ids, attention_mask, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, keep, V) next-token logits and (B, keep, H) last hidden states at the last `keep` positions, under the
+        active adapter: the causal LM's forward pass, with the states it reads its logits from."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                               use_cache=False).last_hidden_state[:, -keep:]
+        return self.peft_model.get_output_embeddings()(hidden), hidden
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -123,13 +120,21 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
     """Put the adapters and two heads on `model`, a causal LM; `reward` is the saved reward model, read_reward_adapter's.
 
     The policy starts from policy_dir when given (PPO continues a policy version), else fresh
-    (its LoRA B is zero, so it starts equal to the reference). The value adapter starts as a copy
-    of the reward model's, as in InstructGPT, so the value head learns on the reward model's
-    features; the head starts at zero. A copy of the reward model's head would read partial
-    responses, which that head never saw in training: on the default model its values were off
-    by about 2.8 normalised units (RMS) in the first step's update and 1.7 in the tenth's, so they added
-    more noise to the advantages than they took out. V = 0, the mean of the normalised score,
-    is the constant baseline it learns from.
+    (its LoRA B is zero, so it starts equal to the reference).
+
+    The value head reads the policy's last hidden states, detached, in the policy's own forward
+    pass. InstructGPT gives the value a model of its own, started from the reward model; here that
+    was a value adapter, which cost a second forward and backward pass through the base in every
+    minibatch of the update and one more in every step's evaluation: without it the update took
+    0.51x the time on the default model. With GAE's lambda at 1 the value is only a baseline, which
+    changes the gradient's variance but not its mean, and over a round's ten steps on the default
+    model neither value explained any of the returns' variance: -0.09 with the adapter, -0.14 with
+    this head, within the steps' spread (scripts/probe_value.py, scripts/BENCHMARKS.md). The head
+    starts at zero: a copy of the reward model's head would read partial responses, which that head
+    never saw in training: on the default model its values were off by about 2.8 normalised units
+    (RMS) in the first step's update and 1.7 in the tenth's, so they added more noise to the
+    advantages than they took out. V = 0, the mean of the normalised score, is the constant
+    baseline it learns from.
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -140,29 +145,23 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
         model.set_attn_implementation("eager")
     checkpointing = config.checkpointing(getattr(model, "is_quantized", False))
     model = prepare_for_training(model, checkpointing)
-    if reward.lora is not None:
-        reward_config = replace(reward.lora, lora_dropout=0.0, inference_mode=False)  # the value adapter trains from it
-    else:  # a head on the base's features: the value adapter starts as the base, as a fresh policy does
-        reward_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                                   target_modules="all-linear")
     if policy_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
         peft_model.load_adapter(str(policy_dir), adapter_name="start", is_trainable=False)
     else:
         torch.manual_seed(config.seed)
+        target_modules = reward.lora.target_modules if reward.lora is not None else "all-linear"
         policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                                   target_modules=reward_config.target_modules)
+                                   target_modules=target_modules)
         peft_model = get_peft_model(model, policy_config, adapter_name="policy")
-    for name in ("value", "reward") if reward.lora is not None else ("value",):
-        peft_model.add_adapter(name, reward_config)
-        if reward.lora is not None:
-            load_adapter_weights(peft_model, reward.lora_weights, name, reward.path)
+    if reward.lora is not None:
+        peft_model.add_adapter("reward", replace(reward.lora, lora_dropout=0.0, inference_mode=False))
+        load_adapter_weights(peft_model, reward.lora_weights, "reward", reward.path)
     # The heads stay float32 whatever the base's dtype and read float32 copies of its hidden
     # states, as PEFT keeps output layers for k-bit training: a bf16 value head would round away
     # its small updates, and a bf16 or fp16 base's states must meet the head in one dtype.
     reward_head = frozen_head(reward, device)
-    width = reward.head.shape[1] if reward.lora is not None else model.get_input_embeddings().embedding_dim  # the hidden size
-    value_head = nn.Linear(width, 1, bias=True, dtype=torch.float32, device=device)
+    value_head = nn.Linear(model.get_input_embeddings().embedding_dim, 1, bias=True, dtype=torch.float32, device=device)
     nn.init.zeros_(value_head.weight)
     nn.init.zeros_(value_head.bias)
     peft_model.set_adapter("policy")
@@ -247,19 +246,23 @@ def response_texts(tokenizer, response_ids: torch.Tensor, response_mask: torch.T
 # 2. Evaluate
 
 
-def response_logprobs(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask, temperature: float, with_entropy=False):
-    """Log-probs (B, R) of the response tokens under the active adapter, at the sampling temperature,
-    and, when asked, the entropy (B, R) of each next-token distribution."""
+def response_outputs(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward pass under the active adapter: the log-probs (B, R) of the response tokens at the sampling
+    temperature, the values (B, R) of the states before each of them, by the value head on those states detached, and
+    the next-token logits (B, R, V)."""
     input_ids = torch.cat([query_ids, response_ids], dim=1)  # (B, P + R)
     attention_mask = torch.cat([query_mask, response_mask], dim=1)
     width = response_ids.shape[1]
-    logits = model.logits(input_ids, attention_mask, keep=width + 1)[:, :-1]  # (B, R, V): each predicts the next token
-    logprobs = selective_log_softmax(logits, response_ids, temperature)
-    if not with_entropy:
-        return logprobs
-    with torch.no_grad():
-        entropy = torch.stack([entropy_of(row.float() / temperature) for row in logits])  # (B, R)
-    return logprobs, entropy
+    logits, hidden = model(input_ids, attention_mask, keep=width + 1)
+    logits, hidden = logits[:, :-1], hidden[:, :-1]  # each position predicts the next token
+    values = model.value_head(hidden.detach().float()).squeeze(-1).float()  # float again: autocast computes it in bf16
+    return selective_log_softmax(logits, response_ids, temperature), values, logits
+
+
+def response_logprobs(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask, temperature: float) -> torch.Tensor:
+    """The log-probs (B, R) of the response tokens under the active adapter, at the sampling temperature."""
+    return response_outputs(model, query_ids, query_mask, response_ids, response_mask, temperature)[0]
 
 
 def selective_log_softmax(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -281,18 +284,9 @@ def entropy_of(logits: torch.Tensor) -> torch.Tensor:
     return -(logprobs.exp() * logprobs).sum(-1)
 
 
-def response_values(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
-    """V (B, R) of the state before each response token, from the value head on the active adapter: call it under
-    `adapter(model, "value")`."""
-    hidden = model.hidden(torch.cat([query_ids, response_ids], dim=1), torch.cat([query_mask, response_mask], dim=1))
-    width = response_ids.shape[1]
-    return model.value_head(hidden[:, -width - 1 : -1].float()).squeeze(-1).float()
-
-
 @contextmanager
 def adapter(model: PolicyWithHeads, name: str) -> Iterator[None]:
-    """Adapter `name` active inside, the policy's again after. A backward pass that recomputes checkpointed layers
-    recomputes them under the active adapter, so a loss must go backwards where its forward pass ran."""
+    """Adapter `name` active inside, the policy's again after."""
     model.peft_model.set_adapter(name)
     try:
         yield
@@ -356,15 +350,15 @@ def evaluate(model: PolicyWithHeads, scorer: RewardScorer, prompts: list[Message
     args = (query_ids, query_mask, response_ids, response_mask)
     # The update recomputes these under the same precision, so its first ratios are 1.
     with mixed_precision(model, config):
-        logprobs, entropy = response_logprobs(model, *args, config.temperature, with_entropy=True)
+        logprobs, values, logits = response_outputs(model, *args, config.temperature)
+        entropy = torch.stack([entropy_of(row.float() / config.temperature) for row in logits])  # (B, R)
+        del logits  # the step's largest tensor, not to be held through the passes below
         with model.peft_model.disable_adapter():
             ref_logprobs = response_logprobs(model, *args, config.temperature)
         start_logprobs = ref_logprobs
         if "start" in model.peft_model.peft_config:
             with adapter(model, "start"):
                 start_logprobs = response_logprobs(model, *args, config.temperature)
-        with adapter(model, "value"):
-            values = response_values(model, *args)
     texts = response_texts(scorer.tokenizer, response_ids, response_mask, finished)
     scores, uncertainty = reward_scores(model, scorer, prompts, texts)  # float32, as the normalisation offsets were computed
     scores = scores - config.uncertainty_penalty * uncertainty - config.missing_eos_penalty * (~finished).float() - config.length_penalty * response_mask.sum(dim=1).float()
@@ -421,9 +415,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfig, generator: torch.Generator) -> dict[str, float]:
     """K epochs of clipped PPO over shuffled minibatches; the means of the update's statistics.
 
-    The policy and value losses go backwards separately, each while its adapter is active (PEFT
-    trains only the active adapter, and checkpointed layers are recomputed under it); their
-    gradients sum before the step.
+    The policy and value losses come from one forward pass and go backwards together; the value's
+    gradient reaches its head alone, through the detached states it reads.
     """
     stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": []}
     size = rollout.response_ids.shape[0]
@@ -438,20 +431,15 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
             optimizer.zero_grad(set_to_none=True)
 
             with mixed_precision(model, config):
-                logprobs = response_logprobs(model, *args, config.temperature)
+                logprobs, values = response_outputs(model, *args, config.temperature)[:2]  # the logits are not kept
             log_ratio = (logprobs - rollout.logprobs[index]) * mask
             ratio = log_ratio.exp()
             advantages = rollout.advantages[index]
             policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip_range, 1 + config.clip_range)), mask)
-            policy_loss.backward()
-
-            with adapter(model, "value"):
-                with mixed_precision(model, config):
-                    values = response_values(model, *args)
-                old_values, returns = rollout.values[index], rollout.returns[index]
-                clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
-                value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
-                (config.vf_coef * value_loss).backward()
+            old_values, returns = rollout.values[index], rollout.returns[index]
+            clipped = old_values + (values - old_values).clamp(-config.clip_range_value, config.clip_range_value)
+            value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
+            (policy_loss + config.vf_coef * value_loss).backward()
 
             distributed.average_gradients(trainable)
             nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
@@ -488,9 +476,8 @@ def optimizer_for(model: PolicyWithHeads, config: PPOConfig) -> torch.optim.Opti
 
 
 def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:
-    """The policy and value adapters' LoRA weights, and the value head."""
-    adapters = [p for name, p in model.peft_model.named_parameters() if ".policy." in name or ".value." in name]
-    return adapters + list(model.value_head.parameters())
+    """The policy adapter's LoRA weights, and the value head."""
+    return [p for name, p in model.peft_model.named_parameters() if ".policy." in name] + list(model.value_head.parameters())
 
 
 # 6. The KL controller

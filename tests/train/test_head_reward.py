@@ -52,7 +52,7 @@ def test_ppo_grpo_and_rm_score_read_a_head_on_features_alike_without_a_reward_ad
     reward = read_reward_adapter(reward_dir)
     assert reward.lora is None and reward.features == SPEC
     wrapped = build(model, reward, PPOConfig())
-    assert set(wrapped.peft_model.peft_config) == {"policy", "value"}  # no reward adapter: the head reads the base
+    assert set(wrapped.peft_model.peft_config) == {"policy"}  # no reward adapter: the head reads the base
     ppo, ppo_spreads = reward_scores(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length, reward.features), prompts, texts)
     assert ppo.tolist() == pytest.approx(rewards, abs=1e-4) and ppo_spreads.tolist() == pytest.approx(spreads, abs=1e-4)
 

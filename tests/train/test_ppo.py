@@ -16,14 +16,14 @@ from train.models import load_model
 from train.ppo import (
     AdaptiveKL,
     RewardScorer,
-    adapter,
     add_advantages,
     add_rewards,
     build,
     evaluate,
+    position_ids,
     ppo_step,
     response_logprobs,
-    response_values,
+    response_outputs,
     reward_scores,
     sample,
     sampling_settings,
@@ -168,7 +168,7 @@ def test_left_padding_and_temperature_give_each_sequence_its_own_log_probs(wrapp
         assert torch.allclose(together[i, :n], alone[0, :n], atol=1e-5)
     ids = torch.cat([query_ids, response_ids], 1)
     mask = torch.cat([query_mask, response_mask], 1)
-    logits = model.logits(ids, mask, keep=response_ids.shape[1] + 1)[:, :-1]
+    logits = model.peft_model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -response_ids.shape[1] - 1 : -1]
     manual = (logits / 0.7).log_softmax(-1).gather(-1, response_ids[..., None])[..., 0]
     assert torch.allclose(together, manual, atol=1e-5)  # the selective log-softmax is the full one, read at the tokens
 
@@ -274,18 +274,39 @@ def reward_copy(reward_dir, tmp_path, mean=0.7, std=2.5, max_length=512):
     return copy
 
 
-def test_at_step_0_the_value_is_a_constant_baseline_on_the_reward_models_features(peaked_model_dir, favoured):
+def test_at_step_0_the_value_is_a_constant_baseline_and_its_loss_moves_its_head_alone(peaked_model_dir, favoured):
     model, tokenizer = load_plain(peaked_model_dir)
-    wrapped = build(model, read_reward_adapter(favoured[1]), PPOConfig(max_new_tokens=8))
+    config = PPOConfig(max_new_tokens=8)
+    wrapped = build(model, read_reward_adapter(favoured[1]), config)
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
-    query_ids, query_mask, response_ids, response_mask, _ = sample(wrapped, tokenizer, PPO_PROMPTS * 2, PPOConfig(max_new_tokens=8), eos)
-    with adapter(wrapped, "value"):
-        values = response_values(wrapped, query_ids, query_mask, response_ids, response_mask)
-    assert values.shape == response_ids.shape and torch.equal(values, torch.zeros_like(values))
-    # The value adapter is the reward model's, so the head learns on features that already track the reward.
-    reward_lora = {k.replace(".reward.", "."): v for k, v in wrapped.peft_model.state_dict().items() if ".reward." in k}
-    value_lora = {k.replace(".value.", "."): v for k, v in wrapped.peft_model.state_dict().items() if ".value." in k}
-    assert value_lora.keys() == reward_lora.keys() and all(torch.equal(value_lora[k], reward_lora[k]) for k in reward_lora)
+    args = sample(wrapped, tokenizer, PPO_PROMPTS * 2, config, eos)[:4]
+    logprobs, values, _ = response_outputs(wrapped, *args, config.temperature)
+    assert values.shape == args[2].shape and torch.equal(values, torch.zeros_like(values))
+    assert set(wrapped.peft_model.peft_config) == {"policy", "reward"}  # no adapter of its own: the value reads the policy's states
+    values.sum().backward()
+    policy_lora = [p for name, p in wrapped.peft_model.named_parameters() if ".policy." in name]
+    assert wrapped.value_head.weight.grad.abs().sum() > 0 and all(p.grad is None for p in policy_lora)
+    logprobs.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy_lora)
+
+
+def test_the_value_of_each_response_token_reads_the_state_before_it(peaked_model_dir, favoured):
+    """The state the logits of that token come from, as the policy's last hidden states give it."""
+    model, tokenizer = load_plain(peaked_model_dir)
+    config = PPOConfig(max_new_tokens=8)
+    wrapped = build(model, read_reward_adapter(favoured[1]), config)
+    query_ids, query_mask, response_ids, response_mask = sample(wrapped, tokenizer, PPO_PROMPTS * 2, config,
+                                                                end_of_turn_ids(wrapped.peft_model, tokenizer))[:4]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        wrapped.value_head.weight.normal_()
+        values = response_outputs(wrapped, query_ids, query_mask, response_ids, response_mask, config.temperature)[1]
+        mask = torch.cat([query_mask, response_mask], dim=1)
+        hidden = wrapped.backbone(input_ids=torch.cat([query_ids, response_ids], dim=1), attention_mask=mask,
+                                  position_ids=position_ids(mask)).last_hidden_state
+        before = hidden[:, query_ids.shape[1] - 1 : -1]  # the prompt's last state predicts the first response token
+    assert values.std() > 0
+    torch.testing.assert_close(values, wrapped.value_head(before).squeeze(-1))
 
 
 def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is_1(peaked_model_dir, favoured, tmp_path):
@@ -418,18 +439,14 @@ def test_checkpointing_keeps_a_fraction_of_the_activations_and_updates_the_adapt
         return build(model, reward, config), tokenizer, config, RewardScorer(tokenizer, reward.normalization, 512)
 
     def saved_bytes(wrapped) -> int:
-        """What a training forward of the policy and of the value keeps for the backward pass."""
+        """What a training forward pass of the policy and its value keeps for the backward pass."""
         model, tokenizer, config, _ = wrapped
         torch.manual_seed(0)
         args = sample(model, tokenizer, PPO_PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))[:4]
         kept = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
-            policy = response_logprobs(model, *args, config.temperature).sum()
-        policy.backward()
-        with adapter(model, "value"):
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
-                value = response_values(model, *args).sum()
-            value.backward()
+            logprobs, values = response_outputs(model, *args, config.temperature)[:2]
+        (logprobs.sum() + values.sum()).backward()
         model.zero_grad(set_to_none=True)
         return sum(kept)
 
@@ -441,6 +458,6 @@ def test_checkpointing_keeps_a_fraction_of_the_activations_and_updates_the_adapt
     plain, checkpointed = built(False), built(True)
     assert saved_bytes(checkpointed) < 0.5 * saved_bytes(plain)  # 1.7 MB against 11.7 when written
     before, after = trained(plain), trained(checkpointed)
-    assert before.keys() == after.keys() and any(".policy." in name for name in before) and any(".value." in name for name in before)
+    assert before.keys() == after.keys() and any(".policy." in name for name in before) and any("value_head" in name for name in before)
     for name in before:
         assert torch.equal(before[name], after[name]), name
