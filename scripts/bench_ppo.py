@@ -18,8 +18,8 @@ sequence classifier for TRL, which copies it for its reward and value models.
 
 What differs, by design of each trainer:
 - models: Tether holds one base with the policy's and reward model's adapters and a value head on
-  the policy's states; TRL holds the base with the policy adapter, and two more full models, the value model (trained in full) and the
-  reward model. That is what the memory comparison measures;
+  the policy's states; TRL holds the base with the policy adapter, and two more full models, the
+  value model (trained in full) and the reward model. That is what the memory comparison measures;
 - log-probs: TRL takes the rollout's from generate's scores; Tether recomputes them, with the
   entropy, in a forward pass;
 - TRL decays the learning rate linearly and never clips gradients; Tether keeps it constant and
