@@ -12,9 +12,9 @@ first step's values are the zero-initialised head's, so its share is 0 in every 
 the mean over the later steps. The step's and its update's seconds are printed too.
 
 Both arms run PPO with the product's defaults on the default model, against the same reward model,
-trained once into --workdir on the first --pairs comparisons of the HH file (a head on the base's
-features, or with --reward lora a LoRA reward model), on prompts from the file's last --prompts
-comparisons, which it never saw. --baseline DIR runs another checkout's PPO beside this one's,
+the product's default kind (a head on the base's features), trained once into --workdir on the
+first --pairs comparisons of the HH file, on prompts from the file's last --prompts comparisons,
+which it never saw. --baseline DIR runs another checkout's PPO beside this one's,
 alternating, once for each --seeds.
 
     .venv/bin/python scripts/probe_value.py --baseline /tmp/before --seeds 0 1
@@ -30,7 +30,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 
@@ -43,16 +42,12 @@ def prepare(workdir: Path, options: argparse.Namespace) -> None:
     from train.config import DEFAULT_MODEL, ModelConfig, RewardModelConfig
     from train.head import train_head_model
     from train.models import resolve_model_path
-    from train.reward import train_reward_model
     from train.snapshot import PreferenceRow
 
     comparisons = read_preference_file(HH_FILE)
     rows = [PreferenceRow(c.prompt.messages, c.chosen, c.rejected) for c in comparisons[: options.pairs]]
     model_path = resolve_model_path(DEFAULT_MODEL)
-    if options.reward == "head":
-        train_head_model(model_path, rows, [], RewardModelConfig(kind="head"), workdir / "reward", base=ModelConfig())
-    else:
-        train_reward_model(model_path, rows, [], RewardModelConfig(kind="lora", epochs=1), workdir / "reward", base=ModelConfig())
+    train_head_model(model_path, rows, [], RewardModelConfig(kind="head"), workdir / "reward", base=ModelConfig())
     prompts = [c.prompt.messages for c in comparisons[-options.prompts :]]
     (workdir / "prompts.json").write_text(json.dumps({"model_path": model_path, "prompts": prompts}))
 
@@ -99,7 +94,6 @@ def run(checkout: Path, workdir: Path, seed: int, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, help="another checkout of Tether whose PPO runs beside this one's")
-    parser.add_argument("--reward", choices=["head", "lora"], default="head", help="the reward model's kind [default: head]")
     parser.add_argument("--pairs", type=int, default=400, help="HH comparisons the reward model trains on [default: 400]")
     parser.add_argument("--prompts", type=int, default=200, help="HH prompts, from the file's end, PPO samples on [default: 200]")
     parser.add_argument("--steps", type=int, default=10, help="PPO steps a run [default: 10]")
@@ -108,8 +102,9 @@ def main() -> None:
     parser.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.arm:
+    if options.arm:  # Tether from the PYTHONPATH that run() gives, this tree's or the baseline's
         return arm(options.workdir, options.seed, options.steps)
+    sys.path.insert(0, str(ROOT))
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="probe-value-"))
     workdir.mkdir(parents=True, exist_ok=True)
     prepare(workdir, options)
@@ -119,7 +114,7 @@ def main() -> None:
         for name, checkout in arms.items():
             results[name].append(run(checkout, workdir, seed, options.steps))
             later = results[name][-1]["explained_variance"][1:]
-            print(f"{name} seed {seed}: explained variance by step {[round(x, 3) for x in results[name][-1]['explained_variance']]}, "
+            print(f"{name} seed {seed} ({results[name][-1]['source']}): explained variance by step {[round(x, 3) for x in results[name][-1]['explained_variance']]}, "
                   f"mean past step 1 {statistics.mean(later):.3f}", flush=True)
     for name, runs in results.items():
         later = [x for r in runs for x in r["explained_variance"][1:]]
