@@ -61,6 +61,8 @@ def explained_variance(returns, values, mask) -> float:
 
 def arm(workdir: Path, seed: int, steps: int) -> None:
     """One run of PPO in this (child) process, on whatever `train` is first on its path; one JSON line on stdout."""
+    from tqdm import tqdm
+
     import train.ppo
     from train.config import GenerationConfig, ModelConfig, PPOConfig
     from train.models import load_model
@@ -77,8 +79,9 @@ def arm(workdir: Path, seed: int, steps: int) -> None:
     train.ppo.ppo_step = measured_step  # train_ppo looks it up in its module at each step
     model, tokenizer = load_model(ModelConfig(name_or_path=setup["model_path"]))
     config = PPOConfig(steps=steps, seed=seed, max_new_tokens=GenerationConfig().max_new_tokens)
-    with tempfile.TemporaryDirectory(prefix="probe-value-") as scratch:
-        history = train.ppo.train_ppo(model, tokenizer, setup["prompts"], workdir / "reward", config, Path(scratch) / "policy")["steps"]
+    with tempfile.TemporaryDirectory(prefix="probe-value-") as scratch, tqdm(total=steps, desc=f"PPO, seed {seed}", unit="step") as bar:
+        history = train.ppo.train_ppo(model, tokenizer, setup["prompts"], workdir / "reward", config, Path(scratch) / "policy",
+                                      on_step=lambda _: bar.update())["steps"]
     print(json.dumps({"explained_variance": shares, "score": [s["score"] for s in history], "seconds": [s["seconds"] for s in history],
                       "update_seconds": [s["update_seconds"] for s in history], "source": train.ppo.__file__}))
 
@@ -105,6 +108,8 @@ def main() -> None:
     if options.arm:  # Tether from the PYTHONPATH that run() gives, this tree's or the baseline's
         return arm(options.workdir, options.seed, options.steps)
     sys.path.insert(0, str(ROOT))
+    if options.steps < 2:
+        parser.error("--steps must be at least 2: the first step's values are 0 in every arm, so the figure is over the later ones")
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="probe-value-"))
     workdir.mkdir(parents=True, exist_ok=True)
     prepare(workdir, options)
