@@ -375,7 +375,8 @@ class PPOConfig:
     clip_range: float = field(default=0.2, metadata={"help": "PPO's clip on the probability ratio."})
     clip_range_value: float = field(default=0.2, metadata={"help": "Clip on how far a value moves from its rollout value."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss beside the policy loss."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip of each update."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip on the gradient norm of each update: the policy's and the "
+                                                                  "value head's, each on its own."})
     uncertainty_penalty: float = field(
         default=1.0,
         metadata={"help": "k in reward = mean - k * std of the reward model's heads: a response the heads disagree on earns "

@@ -24,7 +24,7 @@ Each step, in the order `ppo_step` runs it:
    69.0% tethered to its start, from a start at 71.1% (scripts/BENCHMARKS.md);
 4. advantages: GAE (gamma, lambda), whitened over the batch's response tokens;
 5. update: `epochs` passes over minibatches of the clipped policy loss and vf_coef times the
-   clipped value loss;
+   clipped value loss, the policy's gradient and the value head's each clipped on its own;
 6. beta moves so that the KL to the run's start goes towards `target_kl` (Ziegler et al. 2019),
    unless target_kl is 0; it is saved with the policy, so the next round's PPO goes on from it. A
    step whose KL to the starting model v0 is over `kl_budget`, which adds up over the rounds,
@@ -418,10 +418,11 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
     The policy and value losses come from one forward pass and go backwards together; the value's
     gradient reaches its head alone, through the detached states it reads.
     """
-    stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": []}
+    stats: dict[str, list[float]] = {"clip_fraction": [], "approx_kl": [], "policy_loss": [], "value_loss": [], "value_clip_fraction": [],
+                                     "policy_grad_norm": [], "value_grad_norm": []}
     size = rollout.response_ids.shape[0]
     minibatch_size = config.minibatch_size // distributed.world_size()  # this process's part of each minibatch
-    trainable = [p for group in optimizer.param_groups for p in group["params"]]
+    policy_group, value_group = (group["params"] for group in optimizer.param_groups)
     for _ in range(config.epochs):
         order = torch.randperm(size, generator=generator)
         for start in range(0, size, minibatch_size):
@@ -441,8 +442,11 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
             value_loss = 0.5 * masked_mean(torch.max((values - returns) ** 2, (clipped - returns) ** 2), mask)
             (policy_loss + config.vf_coef * value_loss).backward()
 
-            distributed.average_gradients(trainable)
-            nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            distributed.average_gradients(policy_group + value_group)
+            # Each clipped on its own: one clip over both let the value head's gradient, 6 to 10 times the policy's
+            # on the default model, shrink every policy step towards AdamW's epsilon (scripts/BENCHMARKS.md).
+            policy_norm = nn.utils.clip_grad_norm_(policy_group, config.max_grad_norm)
+            value_norm = nn.utils.clip_grad_norm_(value_group, config.max_grad_norm)
             optimizer.step()
             with torch.no_grad():
                 stats["clip_fraction"].append(masked_mean(((ratio - 1).abs() > config.clip_range).float(), mask).item())
@@ -450,6 +454,8 @@ def update(model: PolicyWithHeads, optimizer, rollout: Rollout, config: PPOConfi
                 stats["policy_loss"].append(policy_loss.item())
                 stats["value_loss"].append(value_loss.item())
                 stats["value_clip_fraction"].append(masked_mean(((values - old_values).abs() > config.clip_range_value).float(), mask).item())
+                stats["policy_grad_norm"].append(policy_norm.item())
+                stats["value_grad_norm"].append(value_norm.item())
     means = {name: sum(values) / len(values) for name, values in stats.items()} | {"first_clip_fraction": stats["clip_fraction"][0]}
     return distributed.all_mean(means)
 
@@ -471,13 +477,15 @@ def mixed_precision(model: PolicyWithHeads, config: PPOConfig) -> Iterator[None]
 
 def optimizer_for(model: PolicyWithHeads, config: PPOConfig) -> torch.optim.Optimizer:
     """AdamW without weight decay, as in TRL's PPO: decay would pull the adapters back towards the
-    reference on a schedule of its own, beside the KL penalty that is meant to do that."""
-    return torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate, eps=1e-5, weight_decay=0.0)
+    reference on a schedule of its own, beside the KL penalty that is meant to do that. Two groups,
+    the policy's and the value's, which `update` clips each on its own."""
+    policy, value = trainable_parameters(model)
+    return torch.optim.AdamW([{"params": policy}, {"params": value}], lr=config.learning_rate, eps=1e-5, weight_decay=0.0)
 
 
-def trainable_parameters(model: PolicyWithHeads) -> list[nn.Parameter]:
-    """The policy adapter's LoRA weights, and the value head."""
-    return [p for name, p in model.peft_model.named_parameters() if ".policy." in name] + list(model.value_head.parameters())
+def trainable_parameters(model: PolicyWithHeads) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The policy adapter's LoRA weights, and the value head's."""
+    return [p for name, p in model.peft_model.named_parameters() if ".policy." in name], list(model.value_head.parameters())
 
 
 # 6. The KL controller

@@ -20,6 +20,7 @@ from train.ppo import (
     add_rewards,
     build,
     evaluate,
+    optimizer_for,
     position_ids,
     ppo_step,
     response_logprobs,
@@ -29,12 +30,13 @@ from train.ppo import (
     sampling_settings,
     train_ppo,
     trainable_parameters,
+    update,
 )
 from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, encode, read_reward_adapter
 
 def one_step(wrapped, beta=0.1, prompts=PPO_PROMPTS * 4):
     model, tokenizer, config, scorer = wrapped
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.learning_rate)
+    optimizer = optimizer_for(model, config)
     return ppo_step(model, scorer, optimizer, prompts, config, AdaptiveKL(beta, 0, 1),
                     end_of_turn_ids(model.peft_model, tokenizer), torch.Generator().manual_seed(0))
 
@@ -139,6 +141,37 @@ def test_a_run_from_a_policy_version_pays_its_kl_to_that_version_and_counts_its_
     assert stats["kl"] == pytest.approx((rollout.logprobs - rollout.ref_logprobs).sum(dim=1).mean().item())
 
 
+def test_the_value_loss_does_not_change_the_policy_step(peaked_model_dir, favoured):
+    """The policy's gradient and the value head's are clipped each on its own. Under one clip over both, the value
+    head's gradient (6 to 10 times the policy's on the default model) shrank every policy step."""
+    def built(vf_coef: float):
+        model, tokenizer = load_plain(peaked_model_dir)
+        config = PPOConfig(batch_size=8, minibatch_size=4, max_new_tokens=6, temperature=1.0, learning_rate=1e-3, epochs=2,
+                           vf_coef=vf_coef, precision="fp32")
+        reward = read_reward_adapter(favoured[1])
+        return build(model, reward, config), tokenizer, config, RewardScorer(tokenizer, reward.normalization, 512)
+
+    light, heavy = built(0.1), built(100.0)
+    model, tokenizer, config, scorer = light
+    torch.manual_seed(0)
+    batch = sample(model, tokenizer, PPO_PROMPTS * 4, config, end_of_turn_ids(model.peft_model, tokenizer))
+    rollout, _ = evaluate(model, scorer, PPO_PROMPTS * 4, batch, config)
+    add_rewards(rollout, 0.1)
+    add_advantages(rollout, config.gamma, config.lam)
+    start = {n: p.detach().clone() for n, p in model.peft_model.named_parameters() if ".policy." in n}
+    stats, policy, value = {}, {}, {}
+    for name, (wrapped, _, settings, _) in (("light", light), ("heavy", heavy)):
+        stats[name] = update(wrapped, optimizer_for(wrapped, settings), rollout, settings, torch.Generator().manual_seed(0))
+        policy[name] = {n: p.detach().clone() for n, p in wrapped.peft_model.named_parameters() if ".policy." in n}
+        value[name] = wrapped.value_head.weight.detach().clone()
+    # The heavy value gradient is far over the clip, and over the policy's, as on the default model.
+    assert stats["heavy"]["value_grad_norm"] > 10 * max(config.max_grad_norm, stats["heavy"]["policy_grad_norm"])
+    assert stats["light"]["policy_grad_norm"] == stats["heavy"]["policy_grad_norm"] > 0
+    assert any(not torch.equal(policy["light"][n], start[n]) for n in start)
+    assert all(torch.equal(policy["light"][n], policy["heavy"][n]) for n in start)
+    assert not torch.equal(value["light"], value["heavy"])
+
+
 def test_gae_with_lambda_1_is_the_return_minus_the_value():
     from train.ppo import Rollout
 
@@ -191,17 +224,24 @@ def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favo
 
 
 def test_the_kl_penalty_holds_the_policy_nearer_its_start(peaked_model_dir, favoured, tmp_path):
-    """The same run without the penalty and with a strong one: with it, the first token's distribution ends nearer the start's."""
+    """The same runs without the penalty and with a strong one, over three seeds: with it, the first token's distribution
+    ends nearer the start's.
+
+    One run is a draw: at 16 responses a step, the penalised run of one seed in four moved as far as an unpenalised
+    one, and the test's single draw failed on other machines. At 64 a step, over 12 seeds, the penalised runs' KL
+    summed over three seeds was 0.37 of the unpenalised runs' in the median triple and 0.62 in the worst of all 220."""
     start = first_token_probs(peaked_model_dir)
-    moved = {}
-    for kl_coef in (0.0, 5.0):
-        model, tokenizer = load_plain(peaked_model_dir)
-        config = PPOConfig(steps=8, batch_size=16, minibatch_size=8, max_new_tokens=1, temperature=1.0, learning_rate=3e-4,
-                           kl_coef=kl_coef, target_kl=0, missing_eos_penalty=0.0, seed=1)
-        train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / f"beta-{kl_coef}")
-        policy = first_token_probs(peaked_model_dir, tmp_path / f"beta-{kl_coef}")
-        moved[kl_coef] = (policy * (policy.log() - start.log())).sum().item()  # KL(policy || start) on the first token
-    assert 0 < moved[5.0] < 0.5 * moved[0.0], moved
+    moved = {0.0: 0.0, 5.0: 0.0}
+    for seed in (1, 2, 3):
+        for kl_coef in moved:
+            model, tokenizer = load_plain(peaked_model_dir)
+            config = PPOConfig(steps=8, batch_size=64, minibatch_size=32, max_new_tokens=1, temperature=1.0, learning_rate=3e-4,
+                               kl_coef=kl_coef, target_kl=0, missing_eos_penalty=0.0, seed=seed)
+            out = tmp_path / f"seed-{seed}-beta-{kl_coef}"
+            train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, out)
+            policy = first_token_probs(peaked_model_dir, out)
+            moved[kl_coef] += (policy * (policy.log() - start.log())).sum().item()  # KL(policy || start) on the first token
+    assert 0 < moved[5.0] < 0.75 * moved[0.0], moved
 
 
 PLAIN_GENERATE = """
@@ -392,11 +432,12 @@ def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_mo
 def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrapped):
     import random
 
-    from train.ppo import draw_prompts, optimizer_for
+    from train.ppo import draw_prompts
 
     optimizer = optimizer_for(wrapped[0], PPOConfig(learning_rate=1e-4))
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0]
-    assert {p.data_ptr() for p in optimizer.param_groups[0]["params"]} == {p.data_ptr() for p in trainable_parameters(wrapped[0])}
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 0.0]
+    assert [{p.data_ptr() for p in g["params"]} for g in optimizer.param_groups] == [
+        {p.data_ptr() for p in group} for group in trainable_parameters(wrapped[0])]
     prompts = [[{"role": "user", "content": str(i)}] for i in range(10)]
     rng = random.Random(0)
     for _ in range(50):

@@ -26,7 +26,7 @@ from train.generate import end_of_turn_ids
 from train.grpo import train_grpo
 from train.hardware import check_runs_here
 from train.models import load_model, prepare_for_training
-from train.ppo import AdaptiveKL, RewardScorer, build, ppo_step, trainable_parameters
+from train.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo_step, trainable_parameters
 from train.reward import train_reward_model
 from train.reward_model import load_reward_model, read_reward_adapter, trained_config
 from train.snapshot import PreferenceRow
@@ -100,14 +100,15 @@ def test_at_step_0_ppos_kl_to_the_quantised_base_is_0_and_the_adapters_train(pea
     reward = read_reward_adapter(favoured[1])
     wrapped = build(model, reward, config)
     assert is_quantised(wrapped.peft_model)
-    before = [p.detach().clone() for p in trainable_parameters(wrapped)]
-    optimizer = torch.optim.AdamW(trainable_parameters(wrapped), lr=config.learning_rate)
+    trained = [p for group in trainable_parameters(wrapped) for p in group]
+    before = [p.detach().clone() for p in trained]
+    optimizer = optimizer_for(wrapped, config)
     stats, rollout = ppo_step(wrapped, RewardScorer(tokenizer, reward.normalization, reward.max_length), optimizer, PPO_PROMPTS * 4,
                               config, AdaptiveKL(0.1, 0, 1), end_of_turn_ids(model, tokenizer), torch.Generator().manual_seed(0))
     assert abs(stats["kl"]) <= 1e-5
     assert torch.allclose(rollout.logprobs, rollout.ref_logprobs, atol=1e-5)
-    assert all(p.dtype == torch.float32 for p in trainable_parameters(wrapped))
-    assert any(not torch.equal(b, p) for b, p in zip(before, trainable_parameters(wrapped)))
+    assert all(p.dtype == torch.float32 for p in trained)
+    assert any(not torch.equal(b, p) for b, p in zip(before, trained))
 
 
 def checkpoint_maps(model_dir) -> set[str]:
