@@ -143,6 +143,21 @@ def _log_sigmoid(z: float) -> float:
     return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
 
 
+# A share of fewer trials is too few to measure: its 95% interval spans half the range or more.
+MIN_MEASURED = 10
+
+
+def measured_share(share: float | None, n: int | None, of: str = "pairs") -> str:
+    """A share measured on n trials, as it should be read: '62.5% of 40 pairs [47%, 76%]', its 95% Wilson interval
+    beside it; or, on fewer than MIN_MEASURED, that it is too few to measure."""
+    if share is None or not n:
+        return f"no {of} to measure on"
+    if n < MIN_MEASURED:
+        return f"too few {of} to measure ({n})"
+    low, high = wilson_interval(share, n)
+    return f"{share:.1%} of {n} {of} [{low:.0%}, {high:.0%}]"
+
+
 def wilson_interval(share: float, n: int, z: float = Z_95) -> tuple[float, float]:
     """The Wilson score interval of a binomial share over n trials."""
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
@@ -180,3 +195,55 @@ def bradley_terry(games: list[Game], anchor: int = 0, prior_ties: float = 0.5, i
         strength = {v: s * len(versions) / total for v, s in updated.items()}
     base = strength.get(anchor, strength[versions[0]]) if versions else 1.0
     return {v: 1000 + 400 * math.log10(strength[v] / base) for v in versions}
+
+
+def lead_probability(games: list[Game], better: int, worse: int, prior_ties: float = 0.5) -> float:
+    """How sure the games make it that `better` is stronger than `worse`: the normal approximation to the
+    Bradley-Terry fit (bradley_terry's, with its virtual ties), the difference of their log-strengths over its
+    standard error from the fit's Fisher information. 0.5 when the games do not connect the two."""
+    ratings = bradley_terry(games, prior_ties=prior_ties)
+    if better not in ratings or worse not in ratings:
+        return 0.5
+    strength = {v: math.log(10) * (r - 1000) / 400 for v, r in ratings.items()}  # log-strengths
+    meetings: dict[tuple[int, int], float] = defaultdict(float)
+    for a, b, _ in games:
+        if a != b:
+            meetings[min(a, b), max(a, b)] += 1
+    versions = sorted(ratings)
+    index = {v: i for i, v in enumerate(versions)}
+    information = [[0.0] * len(versions) for _ in versions]
+    for (x, y), n in meetings.items():
+        p = _sigmoid(strength[x] - strength[y])
+        weight = (n + 2 * prior_ties) * p * (1 - p)
+        i, j = index[x], index[y]
+        information[i][i] += weight
+        information[j][j] += weight
+        information[i][j] -= weight
+        information[j][i] -= weight
+    # The strengths are fixed only up to a common offset: hold the first version's, the variance of a difference is the same.
+    reduced = [row[1:] for row in information[1:]]
+    contrast = [0.0] * len(versions)
+    contrast[index[better]] += 1.0
+    contrast[index[worse]] -= 1.0
+    solution = _solve_linear(reduced, contrast[1:])
+    variance = sum(c * x for c, x in zip(contrast[1:], solution)) if solution is not None else 0.0
+    if variance <= 0:
+        return 0.5
+    z = (strength[better] - strength[worse]) / math.sqrt(variance)
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+def _solve_linear(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
+    """x with matrix @ x = vector by Gaussian elimination with partial pivoting; None where the matrix is singular."""
+    n = len(vector)
+    rows = [row[:] + [v] for row, v in zip(matrix, vector)]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(rows[r][column]))
+        if abs(rows[pivot][column]) < 1e-12:
+            return None
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        for r in range(n):
+            if r != column:
+                factor = rows[r][column] / rows[column][column]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[column])]
+    return [rows[i][n] / rows[i][i] for i in range(n)]

@@ -1,8 +1,8 @@
 """Peak memory of one PPO update: the selective log-softmax against the full one it replaced.
 
 The full arm computes log_softmax over the whole vocabulary in float32, a (B, R, V) tensor kept for
-the backward pass, and reads the response tokens from it; the selective arm (train.ppo's) takes
-each sequence's logsumexp from a float32 copy of that sequence's logits alone. Both run the same
+the backward pass, and reads the response tokens from it; the selective arm (train.generate's,
+which PPO uses) takes each sequence's logsumexp from a float32 copy of that sequence's logits alone. Both run the same
 update on the same sampled batch of the default model, each in its own child process, and report
 the growth of resident memory over the update, sampled every 5 ms, and its wall time.
 

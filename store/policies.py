@@ -14,10 +14,12 @@ class Policy:
     adapter_path: str | None  # None: the base model itself
 
 
-def add_policy(con: Connection, version: int, adapter_path: str | None, parent: int | None = None, round: int | None = None) -> Policy:
+def add_policy(con: Connection, version: int, adapter_path: str | None, parent: int | None = None, round: int | None = None,
+               job: int | None = None) -> Policy:
+    """Register a policy version; `job` is the job that trained its adapter."""
     con.execute(
-        "INSERT INTO policies (version, parent, adapter_path, round) VALUES (?, ?, ?, ?)",
-        [version, parent, adapter_path, round],
+        "INSERT INTO policies (version, parent, adapter_path, round, job) VALUES (?, ?, ?, ?, ?)",
+        [version, parent, adapter_path, round, job],
     )
     return Policy(version, adapter_path)
 
@@ -74,6 +76,12 @@ def add_rollback(con: Connection, plan: Rollback, adapter_path: str | None) -> P
     return Policy(plan.version, adapter_path)
 
 
+def copied_version(con: Connection, version: int) -> int | None:
+    """The version a rollback's copy copies (its adapter is that version's, byte for byte); None for any other version."""
+    row = con.execute("SELECT parent FROM policies WHERE version = ? AND rollback_from IS NOT NULL", [version]).fetchone()
+    return row[0] if row else None
+
+
 def policy_versions(con: Connection) -> list[int]:
     return [row[0] for row in con.execute("SELECT version FROM policies ORDER BY version").fetchall()]
 
@@ -84,15 +92,18 @@ def reward_model_versions(con: Connection) -> list[int]:
 
 def dpo_jobs_behind(con: Connection, version: int) -> list[int]:
     """The DPO jobs whose pairs are in a policy version's adapter: those that trained it or a version it descends from
-    (a rollback's copy descends from the version it copies)."""
+    (a rollback's copy descends from the version it copies). A version registered before policies named their job
+    counts its round's DPO jobs."""
     return [job for (job,) in con.execute(
         """
-        WITH RECURSIVE lineage(version, parent, round) AS (
-            SELECT version, parent, round FROM policies WHERE version = ?
+        WITH RECURSIVE lineage(version, parent, round, job) AS (
+            SELECT version, parent, round, job FROM policies WHERE version = ?
             UNION ALL
-            SELECT p.version, p.parent, p.round FROM policies p JOIN lineage l ON p.version = l.parent
+            SELECT p.version, p.parent, p.round, p.job FROM policies p JOIN lineage l ON p.version = l.parent
         )
-        SELECT j.id FROM lineage l JOIN jobs j ON j.round = l.round AND j.kind = 'dpo' AND j.status = 'done' ORDER BY j.id
+        SELECT j.id FROM lineage l JOIN jobs j ON (j.id = l.job OR l.job IS NULL AND j.round = l.round)
+                                                AND j.kind = 'dpo' AND j.status = 'done'
+        ORDER BY j.id
         """,
         [version],
     ).fetchall()]

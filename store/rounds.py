@@ -81,6 +81,11 @@ def set_choice(con: Connection, round_id: int, optimizer: str, note: str) -> Non
     con.execute("UPDATE rounds SET optimizer = ?, note = concat_ws('; ', note, ?) WHERE id = ?", [optimizer, note, round_id])
 
 
+def add_note(con: Connection, round_id: int, note: str) -> None:
+    """Add to what a round decided on its own."""
+    con.execute("UPDATE rounds SET note = concat_ws('; ', note, ?) WHERE id = ?", [note, round_id])
+
+
 def set_policy_to(con: Connection, round_id: int, version: int) -> None:
     con.execute("UPDATE rounds SET policy_to = ? WHERE id = ?", [version, round_id])
 
@@ -113,3 +118,44 @@ def current_job_id(con: Connection, round_id: int) -> int | None:
         "SELECT id FROM jobs WHERE round = ? AND status IN ('queued', 'running') ORDER BY id LIMIT 1", [round_id]
     ).fetchone()
     return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A policy a round trained from its start, and the predictor's verdict on it (None until the predictor ran)."""
+
+    round: int
+    job: int
+    optimizer: str
+    seed: int
+    win_rate: float | None  # predicted over the round's start
+    low: float | None
+    high: float | None
+    kl_to_v0: float | None
+    ended: float | None
+    answers: int | None
+    chosen: bool
+    verdict: str | None
+
+
+_CANDIDATE_COLUMNS = "round, job, optimizer, seed, win_rate, low, high, kl_to_v0, ended, answers, chosen, verdict"
+
+
+def add_candidate(con: Connection, round_id: int, job: int, optimizer: str, seed: int) -> None:
+    con.execute("INSERT INTO candidates (round, job, optimizer, seed) VALUES (?, ?, ?, ?)", [round_id, job, optimizer, seed])
+
+
+def set_verdict(con: Connection, round_id: int, job: int, figures: dict, chosen: bool, verdict: str) -> None:
+    """The predictor's figures on a candidate (win_rate, low, high, kl_to_v0, ended, answers), and the round's verdict."""
+    con.execute(
+        """UPDATE candidates SET win_rate = ?, low = ?, high = ?, kl_to_v0 = ?, ended = ?, answers = ?, chosen = ?, verdict = ?
+           WHERE round = ? AND job = ?""",
+        [figures["win_rate"], figures["low"], figures["high"], figures["kl_to_v0"], figures["ended"], figures["answers"], chosen,
+         verdict, round_id, job],
+    )
+
+
+def round_candidates(con: Connection, round_id: int | None = None) -> list[Candidate]:
+    """A round's candidates in the order they were trained; every round's, in round order, when round_id is None."""
+    where, args = ("WHERE round = ?", [round_id]) if round_id is not None else ("", [])
+    return [Candidate(*row) for row in con.execute(f"SELECT {_CANDIDATE_COLUMNS} FROM candidates {where} ORDER BY round, job", args).fetchall()]

@@ -247,4 +247,26 @@ MIGRATIONS = [
         -- the reward model it reused because the votes held nothing new for one. NULL when it decided nothing.
         ALTER TABLE rounds ADD COLUMN note VARCHAR;
     """),
+    Migration(11, "a round's candidates", """
+        -- The policies a round trained from its start, one a job, and the predictor's verdict on each: its win rate
+        -- over the start by the reward model on fresh answers to held-back prompts, with its interval, its KL to v0,
+        -- and whether the round registered it; a round registers one candidate at most, or none.
+        CREATE TABLE candidates (
+            round INTEGER NOT NULL,
+            job INTEGER NOT NULL,
+            optimizer VARCHAR NOT NULL,
+            seed INTEGER NOT NULL,
+            win_rate DOUBLE,                        -- NULL until the predictor has run
+            low DOUBLE,
+            high DOUBLE,
+            kl_to_v0 DOUBLE,
+            ended DOUBLE,
+            answers INTEGER,
+            chosen BOOLEAN NOT NULL DEFAULT false,
+            verdict VARCHAR,                        -- why it was chosen or not, in words
+            PRIMARY KEY (round, job)
+        );
+        -- The job whose adapter a version is: with candidates, a round has several policy jobs and registers one.
+        ALTER TABLE policies ADD COLUMN job INTEGER;
+    """),
 ]

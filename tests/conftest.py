@@ -85,10 +85,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tiny_project(tmp_path, tiny_model_dir) -> Path:
-    """A project on the tiny model with short completions and the demo prompts imported."""
+    """A project on the tiny model with short completions; its rounds train one candidate and register it whatever the
+    predictor says (tests of the predictor's choice set [round] candidates and register themselves)."""
     root = tmp_path / "project"
     init_project(root, str(tiny_model_dir))
     set_settings(root, "generation", max_new_tokens=12)
+    set_settings(root, "round", candidates=1, register="best")
     return root
 
 

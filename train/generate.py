@@ -200,17 +200,30 @@ def kl_to_base(model, tokenizer: PreTrainedTokenizerBase, prompts: list[Messages
         padded = tokenizer.pad({"input_ids": list(sequences)}, padding=True, return_tensors="pt").to(model.device)
         ids, mask = padded["input_ids"], padded["attention_mask"]
         positions = (mask.cumsum(1) - 1).clamp(min=0)  # left padding: each sequence counts from its first real token
+        width = max(lengths)  # every response ends the sequence: the last `width` tokens hold the longest
 
-        def logprobs() -> torch.Tensor:  # (B, T - 1) of each next token
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1].float() / temperature
-            return logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        def logprobs() -> torch.Tensor:  # (B, width) of the last width tokens; only the logits that predict them are made
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1).logits[:, :-1]
+            return selective_log_softmax(logits, ids[:, -width:], temperature)
 
         with torch.inference_mode():
             policy = logprobs()
             with model.disable_adapter():
                 base = logprobs()
-        start = policy.shape[1]
-        return [(policy[i, start - n:] - base[i, start - n:]).sum().item() for i, n in enumerate(lengths)]
+        return [(policy[i, width - n:] - base[i, width - n:]).sum().item() for i, n in enumerate(lengths)]
 
     ratios = in_batches(answers, batch_size, log_ratios, "KL to the base")
     return sum(ratios) / len(ratios)
+
+
+def selective_log_softmax(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) at `tokens`, (B, R), in float32 one sequence at a time.
+
+    The full (B, R, V) log-softmax is never built: each row's logsumexp is taken from a float32
+    copy of that row alone, as TRL's selective_log_softmax does.
+    """
+    rows = []
+    for row, row_tokens in zip(logits, tokens):  # (R, V), (R,)
+        scaled = row.float() / temperature
+        rows.append(scaled.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1))
+    return torch.stack(rows)

@@ -187,16 +187,30 @@ class Estimator:
         working = self.kv_cache(generation.batch_size, length) + generation.batch_size * self.shape.vocab * FLOAT32 * LOGIT_COPIES
         return self.job("completions", self.weights(training=False), activations=working)
 
+    def predictor(self) -> JobMemory:
+        """Sampling as a generation job does, then each answer's log-probs under the policy and under the base (its KL
+        to v0), then the reward model's reading of every answer, one at a time."""
+        generation = self.config.generation
+        length = self.prompt_tokens + generation.max_new_tokens
+        sampling = self.kv_cache(generation.batch_size, length) + generation.batch_size * self.shape.vocab * FLOAT32 * LOGIT_COPIES
+        kl = self.logits(generation.batch_size, generation.max_new_tokens + 1)  # the logits that predict the answers' tokens
+        return self.job("predictor", self.weights(training=False), activations=max(sampling, kl, self.reading()))
+
+    def reading(self) -> float:
+        """What reading a batch of answers' features keeps, without gradients: the hidden states at the layers a head reads
+        (as train.features.layer_indices picks them) and the one being computed, and the last logits."""
+        rm = self.config.reward_model
+        length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
+        sequences = 2 * rm.batch_size  # as many as a training batch's responses
+        states = len({round(f * self.shape.layers) for f in rm.feature_layers}) + 1
+        return sequences * length * states * self.shape.hidden * self.width + self.logits(sequences, 1)
+
     def reward_model(self) -> JobMemory:
         """The head's job or the LoRA model's, by [reward_model] kind; with 'auto' the larger, as they run one after the other."""
         rm = self.config.reward_model
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
-        sequences = 2 * rm.batch_size  # each pair's two responses, in training; a head reads features in batches of as many
-        # A head's job reads features without gradients: the hidden states of a batch at the layers it reads (as
-        # train.features.layer_indices picks them) and the one being computed, and the last logits.
-        states = len({round(f * self.shape.layers) for f in rm.feature_layers}) + 1
-        head = self.job("reward model", self.weights(training=False),
-                        activations=sequences * length * states * self.shape.hidden * self.width + self.logits(sequences, 1))
+        sequences = 2 * rm.batch_size  # each pair's two responses
+        head = self.job("reward model", self.weights(training=False), activations=self.reading())
         adapters = self.lora_parameters(rm.lora_r) * ADAMW_BYTES
         activations = self.kept_activations(sequences * length, length, rm.lora_dropout, rm.checkpointing(self.config.model))
         lora = self.job("reward model", self.weights(training=True), adapters, activations)
@@ -239,8 +253,7 @@ class Estimator:
         """The jobs of a round with `optimizer`, in order; with 'auto', both it may choose between after the reward model."""
         jobs = {"ppo": self.ppo, "dpo": self.dpo, "grpo": self.grpo}
         trains = [jobs[self.config.round.trusted_optimizer](), self.dpo()] if optimizer == "auto" else [jobs[optimizer]()]
-        first = [] if optimizer == "dpo" and self.config.dpo.pairs == "human" else [self.reward_model()]
-        return first + trains + [self.generation()]
+        return [self.reward_model()] + trains + [self.predictor(), self.generation()]
 
 
 # What lowers each job's peak, for a round that would not fit.
@@ -250,6 +263,7 @@ LOWER = {
     "PPO": "turn on [ppo] gradient_checkpointing, or lower [ppo] minibatch_size",
     "DPO": "lower [dpo] batch_size",
     "GRPO": "raise [grpo] minibatches",
+    "predictor": "lower [generation] batch_size",
     "completions": "lower [generation] batch_size",
 }
 
@@ -334,7 +348,7 @@ def _lower(config, job: str) -> str | None:
     if job == "GRPO" and (grpo.prompts_per_step * grpo.group_size) % (2 * grpo.minibatches) == 0:
         config.grpo = replace(grpo, minibatches=2 * grpo.minibatches)
         return f"[grpo] minibatches = {2 * grpo.minibatches}"
-    if job == "completions" and generation.batch_size % 2 == 0:
+    if job in ("predictor", "completions") and generation.batch_size % 2 == 0:
         config.generation = replace(generation, batch_size=generation.batch_size // 2)
         return f"[generation] batch_size = {generation.batch_size // 2}"
     return None

@@ -56,7 +56,7 @@ from train.config import PPOConfig
 from train.errors import ModelError
 from train.files import built_beside
 from train.features import FeatureSpec, pool
-from train.generate import end_of_turn_ids, lora_folded
+from train.generate import end_of_turn_ids, lora_folded, selective_log_softmax
 from train.hardware import uses_bf16
 from train.models import checkpoint_in_eval_mode, prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
@@ -263,19 +263,6 @@ def response_outputs(model: PolicyWithHeads, query_ids, query_mask, response_ids
 def response_logprobs(model: PolicyWithHeads, query_ids, query_mask, response_ids, response_mask, temperature: float) -> torch.Tensor:
     """The log-probs (B, R) of the response tokens under the active adapter, at the sampling temperature."""
     return response_outputs(model, query_ids, query_mask, response_ids, response_mask, temperature)[0]
-
-
-def selective_log_softmax(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / T) at `tokens`, (B, R), in float32 one sequence at a time.
-
-    The full (B, R, V) log-softmax is never built: each row's logsumexp is taken from a float32
-    copy of that row alone, as TRL's selective_log_softmax does.
-    """
-    rows = []
-    for row, row_tokens in zip(logits, tokens):  # (R, V), (R,)
-        scaled = row.float() / temperature
-        rows.append(scaled.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1))
-    return torch.stack(rows)
 
 
 def entropy_of(logits: torch.Tensor) -> torch.Tensor:

@@ -296,6 +296,45 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
     return {"adapter": "policy", "steps": result["steps"]}
 
 
+def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+    """Predict each candidate's win rate over the round's start (train.predict): the start and every candidate answer
+    the frozen prompts, and the reward model at config["reward_adapter_path"] scores their answers."""
+    import torch
+
+    from train.generate import generate, kl_to_base
+    from train.models import decode_steps_for, load_model
+    from train.predict import predict
+    from train.reward_model import read_normalization, reward_and_uncertainty, steering_dir
+
+    prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
+    generation = GenerationConfig(**config["generation"])
+    base = ModelConfig(**config["model"])
+    adapters = [config["start_adapter_path"]] + [c["adapter_path"] for c in config["candidates"]]
+    steps = decode_steps_for(len(prompts) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
+    events.emit("started", policies=len(adapters), prompts=len(prompts), answers=generation.per_prompt)
+    answers, kls = [], []
+    for i, adapter in enumerate(adapters):
+        model, tokenizer = load_model(base, adapter, steps)
+        generated = generate(model, tokenizer, prompts, generation, progress=False,
+                             on_progress=lambda done, total, i=i: events.emit("progress", progress=0.9 * (i + done / total) / len(adapters)))
+        kls.append(kl_to_base(model, tokenizer, prompts, generated, generation.temperature, generation.batch_size) if adapter else 0.0)
+        answers.append(generated)
+        del model  # one policy's base at a time
+    asked = [prompts[a.prompt_index] for group in answers for a in group]
+    raw = torch.tensor([heads for _, heads in _scores(config, asked, [a.text for group in answers for a in group])], dtype=torch.float64)
+    reward, spread = reward_and_uncertainty(read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw))
+    conservative = (reward - config["uncertainty_penalty"] * spread).reshape(len(adapters), -1).tolist()
+    predictions = [
+        {"job": candidate["job"]} | dataclasses.asdict(predict(conservative[i], conservative[0], len(prompts), answers[i], kls[i],
+                                                               config["confidence"], config["draws"], config["seed"]))
+        for i, candidate in enumerate(config["candidates"], start=1)
+    ]
+    events.emit("progress", progress=1.0)
+    start = answers[0]
+    return {"predictions": predictions, "start": {"ended": sum(a.finished for a in start) / len(start),
+                                                  "mean_reward": sum(conservative[0]) / len(start)}}
+
+
 def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Ask the judge model about each frozen pair, in both orders; write judgements.parquet (each pair's
     probability that a is better, both orders together and each alone)."""
@@ -330,6 +369,7 @@ RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
     "dpo": run_dpo,
     "grpo": run_grpo,
     "judge": run_judge,
+    "predict": run_predict,
 }
 
 

@@ -10,6 +10,7 @@ from annotate.agreement import JudgeAgreement, agreement_with_people, project_fl
 from annotate.export import FORMATS, export_preferences, export_rankings
 from annotate.judges import BUILT_IN, JudgeError, load_judge
 from annotate.queue import SORT_KEYS
+from annotate.ratings import measured_share
 from annotate.simulate import UnreachableAgreement
 from annotate.trust import project_reliability
 from store import StoreError
@@ -179,16 +180,20 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
 @click.option("--reward-version", type=int, help="Reward-model version PPO optimises against [default: train a new one on every vote so far].")
 @project_option
 def round_command(optimizer: str | None, reward_version: int | None, project_dir: Path):
-    """Run a training round: the next policy from the votes, then pairs of it against the old one for annotators.
+    """Run a training round: candidates for the next policy from the votes, the one predicted best registered, then pairs of it
+    against the old one for annotators.
 
-    A reward model is trained on the votes first (or the newest reused, when the votes hold
-    nothing new for it). With "auto", the default, PPO (or [round] trusted_optimizer) then
-    optimises against it if it has predicted votes it never saw, and DPO learns from the votes
-    otherwise; the round says which and why. PPO, GRPO and DPO run as named whatever the reward
-    model has shown. Each starts from the newest policy and trains on the prompts not held back
-    ([round] in tether.toml). Both policies then answer the held-back prompts, and each new
-    answer is paired with an old one: the votes on those pairs are the round's human win rate
-    (`tether rounds`).
+    The round starts from the newest policy, or from the one people rate best ([round]
+    start_from). A reward model is trained on the votes first (or the newest reused, when the
+    votes hold nothing new for it). With "auto", the default, PPO (or [round] trusted_optimizer)
+    then optimises against it if it has predicted votes it never saw, and DPO learns from the
+    votes otherwise; the round says which and why. PPO, GRPO and DPO run as named whatever the
+    reward model has shown. Each trains [round] candidates policies, with their own seeds, on
+    the prompts not held back. The predictor rates each against the start by the reward model
+    on fresh answers to held-back prompts; the one rated best with confidence, within [round]
+    kl_budget, becomes the next version, or none does and the votes carry over. Both policies
+    then answer the held-back prompts, and each new answer is paired with an old one: the votes
+    on those pairs are the round's human win rate (`tether rounds`).
 
     \b
     Example:
@@ -199,6 +204,9 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
     warn_about_length(project)
     round_ = run_round(project, reward_version, optimizer)
     summary = round_summary(project.run, round_.id)
+    if round_.policy_to is None:
+        click.echo(f"round {round_.id} from v{round_.policy_from}: {round_.note}; {training_summary(project, summary)}")
+        return
     click.echo(f"round {round_.id}: policy v{round_.policy_to} from v{round_.policy_from}; {training_summary(project, summary)}; "
                f"new-against-old pairs are queued for annotators")
 
@@ -221,7 +229,7 @@ def rounds(project_dir: Path):
         tether rounds --project demo
     """
     project = load_project(project_dir)
-    for line in round_report(project.run, project.config.reward_model):
+    for line in round_report(project.run, project.config):
         click.echo(line)
 
 
@@ -268,10 +276,13 @@ def rollback(version: int, project_dir: Path):
                    "[default: [queue] strategy].")
 @click.option("--report", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Also append each round's figures to this file, one JSON object per line.")
+@click.option("--judge-candidates", is_flag=True,
+              help="Judge every candidate of each round against the round's start, not only the registered one (or, where none "
+                   "was, the one the predictor rated best): an evaluation each, to measure the predictor.")
 @project_option
 def simulate(judge_spec: str, agreement: float, noise: float | None, annotators: int, labels_per_round: int, round_count: int,
              eval_prompts: Path, eval_samples: int | None, seed: int, optimizer: str | None, strategy: str | None, report: Path | None,
-             project_dir: Path):
+             judge_candidates: bool, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
     The noise is set so that votes on pairs of the starting policy's evaluation answers side with
@@ -282,7 +293,9 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     the evaluation prompts, and the round's line says how often its votes sided with the judge,
     the KL to the starting model on the new policy's evaluation answers, the share of answers
     that ended, and where its time went. At the end the last round's pairs get votes too, and
-    the round table of `tether rounds` follows.
+    the round table of `tether rounds` follows. Each round's candidates are listed with the
+    predictor's rating of each and the judge's win rate over the round's start of the one the
+    round registered, or where none was, of the one the predictor rated best.
 
     \b
     Example:
@@ -293,7 +306,7 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     prompts = [p.messages for p in read_prompt_file(eval_prompts, project.config.server.import_limits())]
     sim = Simulation(load_judge(judge_spec), prompts, noise=noise, agreement=agreement, annotators=annotators,
                      labels_per_round=labels_per_round, rounds=round_count, eval_samples=eval_samples, seed=seed,
-                     optimizer=optimizer, strategy=strategy, report=report)
+                     optimizer=optimizer, strategy=strategy, report=report, judge_candidates=judge_candidates)
     try:
         simulate_rounds(project, sim, click.echo)
     except UnreachableAgreement as e:
@@ -410,8 +423,8 @@ def rm_train(include_imported: bool | None, project_dir: Path):
         (f" and {m['rankings_train']} rankings" if m.get("rankings_train") else "") + f" ({m['truncated']} truncated), {m['pairs_per_second']:.2f} rows/s"
     ))
     click.echo(
-        f"reward model v{reward_model.version}, {scoring_kind(reward_model)}: held-out accuracy {_share(m['eval_accuracy'])} on "
-        f"{m['pairs_eval']} pairs" + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
+        f"reward model v{reward_model.version}, {scoring_kind(reward_model)}: held-out accuracy {measured_share(m['eval_accuracy'], m['pairs_eval'])}"
+        + ("" if m["eval_calibration_error"] is None else f" (calibration error {m['eval_calibration_error']:.3f})")
         + f", {m['heads']} heads, {trained}"
     )
     click.echo(f"reward model v{reward_model.version}: {trust_status(reward_model, project.config.reward_model)}")
@@ -433,7 +446,7 @@ def rm_eval(data_file: Path, version: int | None, project_dir: Path):
     with tqdm(unit="response", desc="scoring", file=sys.stderr) as bar:
         result = evaluate_reward_model(project, version_row, data_file, on_scored=bar.update)
     click.echo(
-        f"reward model v{version_row.version} on {data_file}: accuracy {_share(result.accuracy)} over {result.pairs} pairs, "
+        f"reward model v{version_row.version} on {data_file}: accuracy {measured_share(result.accuracy, result.pairs)}, "
         f"mean margin {result.mean_margin:.3f}, calibration error {result.calibration_error:.3f} ({result.truncated} truncated)"
     )
 

@@ -5,7 +5,7 @@ from contextlib import closing
 
 import pytest
 
-from annotate.ratings import bradley_terry, head_to_head, wilson_interval
+from annotate.ratings import bradley_terry, head_to_head, lead_probability, measured_share, wilson_interval
 from store import open_database
 from store.completions import NewCompletion, NewPair, add_completions, add_pairs
 from store.policies import add_policy
@@ -28,6 +28,28 @@ def test_the_wilson_interval_matches_its_textbook_value():
     low, high = wilson_interval(0.8, 10)
     assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
     assert wilson_interval(1.0, 5)[1] == 1.0
+
+
+def test_the_lead_probability_is_the_normal_approximation_to_the_fit_and_grows_with_the_votes():
+    few = [(1, 0, "a")] * 7 + [(1, 0, "b")] * 3
+    many = few * 4
+    assert 0.8 < lead_probability(few, 1, 0) < 0.9 < lead_probability(many, 1, 0)
+    assert lead_probability(few, 0, 1) == pytest.approx(1 - lead_probability(few, 1, 0))
+    # 7 wins in 10 games and a virtual tie: odds 7.5 : 3.5 in 11 games, and the log-odds' Fisher information there.
+    strength = math.log(7.5 / 3.5)
+    information = 11 * (7.5 / 11) * (3.5 / 11)
+    assert lead_probability(few, 1, 0) == pytest.approx(0.5 * (1 + math.erf(strength * math.sqrt(information) / math.sqrt(2))))
+    # Through a chain: 2 met only 1, which met only 0; a lead over 0 carries both steps' uncertainty.
+    chain = many + [(2, 1, "a")] * 28 + [(2, 1, "b")] * 12
+    assert lead_probability(chain, 2, 0) > 0.99 and lead_probability(chain, 2, 0) > lead_probability(chain, 2, 1)
+    assert lead_probability(chain, 3, 0) == 0.5  # a version with no games
+
+
+def test_a_share_shows_its_count_and_interval_or_says_it_is_too_few_to_measure():
+    assert measured_share(0.625, 40) == "62.5% of 40 pairs [47%, 76%]"
+    assert measured_share(1 / 3, 6) == "too few pairs to measure (6)"
+    assert measured_share(0.6, 20, "votes") == "60.0% of 20 votes [39%, 78%]"
+    assert measured_share(None, 0) == "no pairs to measure on"
 
 
 def test_bradley_terry_recovers_the_odds_and_the_order():

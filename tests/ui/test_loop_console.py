@@ -66,9 +66,14 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         wait_for_no_round(operator, seen)
         assert {"reward model", "PPO"} <= round_jobs(seen, 1), seen
 
-        history, settings, scores, warnings, shown, samples, reward_choices, *plots = operator.predict(None, api_name="/rounds")
+        history, settings, scores, warnings, shown, samples, candidates, reward_choices, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1 (head)"]
+        # One candidate, registered whatever the predictor said ([round] register = "best" in tiny_project).
+        assert candidates["visible"] and candidates["label"] == "Candidates of round 1, from v0"
+        [candidate] = [dict(zip(candidates["value"]["headers"], row)) for row in candidates["value"]["data"]]
+        assert candidate["optimiser"] == "PPO" and candidate["verdict"].startswith("registered, rated best: ")
+        assert newest["candidates, predicted win rate over the start"].startswith("PPO x1: ") and "registered" in newest["candidates, predicted win rate over the start"]
         assert warnings.startswith("reward model v1: a head on the base's frozen features (kind \"head\"); it does not steer the loop yet")
         assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
         assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended
@@ -98,18 +103,18 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
 
 
 def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_project):
-    set_settings(tiny_project, "dpo", pairs="human")  # on the votes alone: no reward model first
+    set_settings(tiny_project, "dpo", pairs="human")  # on the votes alone; the round's predictor still needs a reward model
     with loop_app(tiny_project) as (operator, _):
         with pytest.raises(Exception, match="optimizer must be one of|not in the list of choices"):
             operator.predict(None, "sgd", api_name="/start_round")
-        assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (DPO)."
+        assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (reward model)."
         seen: set[str] = set()
         wait_for_no_round(operator, seen)
-        assert round_jobs(seen, 1) == {"DPO", "completions"}, seen
+        assert {"DPO", "predictor", "completions"} <= round_jobs(seen, 1), seen
 
-        history, settings, _, _, shown, samples, _, *plots = operator.predict(None, api_name="/rounds")
+        history, settings, _, _, shown, samples, _, _, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
-        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", ""]
+        assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1 (head)"]
         assert newest["optimizer and settings"].startswith("DPO: pairs human, beta 0.1, votes new, epochs 1,")
         assert newest["optimizer and settings"].endswith(" human pairs and 0 ranked by the reward model")
         assert shown["value"] == 1 and not samples["visible"]  # DPO samples nothing while it trains: no table
@@ -185,7 +190,7 @@ def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_dr
         for pair_id in range(1, 13):  # every vote for the old policy's answer (b)
             con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'ann', 'b')", [pair_id])
 
-    warnings = round_warnings(project.run, round_history(project.run))
+    warnings = round_warnings(project.run, round_history(project.run), "newest")
     assert len(warnings) == 4, warnings
     assert "people rate v1 below v0: it won 0% [" in warnings[0] and "of 12 votes against v0" in warnings[0]
     assert "although the reward model's score rose by 1.40 during PPO: a sign of reward hacking" in warnings[0]
@@ -195,7 +200,7 @@ def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_dr
 
     with closing(project.connect()) as con:  # the same round where people liked the new answers: only the drift is left
         con.execute("UPDATE comparisons SET choice = 'a'")
-    assert [w.split(": ")[1][:9] for w in round_warnings(project.run, round_history(project.run))] == ["responses", "repeated "]
+    assert [w.split(": ")[1][:9] for w in round_warnings(project.run, round_history(project.run), "newest")] == ["responses", "repeated "]
 
 
 def test_an_operator_rolls_back_in_the_app_and_an_annotator_cannot(tiny_project):

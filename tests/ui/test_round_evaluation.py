@@ -1,6 +1,7 @@
 """Judging a round fairly and undoing it: the length-controlled win rate, the warnings when people rate
 a new version below its parent or the reward model stops agreeing with them, and rollback."""
 
+import re
 from contextlib import closing
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from store.policies import Policy, add_policy, get_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.reward_models import add_reward_model
-from store.rounds import add_round, finish_round, set_policy_to
-from tests.conftest import run_tether
-from ui.owner.project import Project, init_project
+from store.rounds import add_round, finish_round, list_rounds, set_policy_to
+from tests.conftest import run_tether, set_settings
+from ui.owner.project import Project, init_project, load_project
 from ui.owner.rounds import describe, roll_back, round_history, round_summary, round_warnings, start_round
 
 NEW, OLD, TIE = "new", "old", "tie"
@@ -103,13 +104,23 @@ def test_the_round_history_gives_the_raw_and_length_controlled_win_rate_from_the
 
 
 def test_people_rating_the_new_version_below_its_parent_is_a_warning_that_names_the_version_to_roll_back_to(tmp_path):
-    project = project_with_round(tmp_path / "project", [(20, 20, NEW if i < 4 else OLD) for i in range(12)], score_gain=0.8)
-    warnings = round_warnings(project.run, round_history(project.run))
+    project = project_with_round(tmp_path / "project", [(20, 20, NEW if i < 4 else OLD) for i in range(16)], score_gain=0.8)
+    warnings = round_warnings(project.run, round_history(project.run), "newest")
     assert len(warnings) == 2, warnings
-    assert warnings[0].startswith("round 1 (v1 from v0): people rate v1 below v0: it won 33% [")
-    assert "of 12 votes against v0, Bradley-Terry rating 890 against v0's 1000" in warnings[0]  # 1000 + 400 log10(4.5 / 8.5)
+    assert warnings[0].startswith("round 1 (v1 from v0): people rate v1 below v0: it won 25% [")
+    assert "of 16 votes against v0, Bradley-Terry rating 823 against v0's 1000" in warnings[0]  # 1000 + 400 log10(4.5 / 12.5)
     assert "although the reward model's score rose by 0.80 during PPO" in warnings[0]
-    assert warnings[1].startswith("people rate the newest policy v1 (890) below v0 (1000): ") and "roll back to v0 (`tether rollback 0`" in warnings[1]
+    assert warnings[1].startswith("people rate the newest policy v1 (823) below v0 (1000): ") and "roll back to v0 (`tether rollback 0`" in warnings[1]
+    # With [round] start_from = "best" the next round goes back by itself.
+    assert round_warnings(project.run, round_history(project.run), "best")[1].endswith(
+        'below v0 (1000): the next round starts from v0 ([round] start_from = "best")')
+
+
+def test_a_lead_of_a_few_votes_names_no_version_to_go_back_to(tmp_path):
+    """4 wins in 12 rate v1 below v0 with 86% confidence, under the 90% asked: the round is flagged, v0 is not named."""
+    project = project_with_round(tmp_path / "project", [(20, 20, NEW if i < 4 else OLD) for i in range(12)])
+    warnings = round_warnings(project.run, round_history(project.run), "newest")
+    assert [w.split(": ")[1] for w in warnings] == ["people rate v1 below v0"]
 
 
 @pytest.mark.parametrize("votes", [
@@ -118,7 +129,7 @@ def test_people_rating_the_new_version_below_its_parent_is_a_warning_that_names_
 ])
 def test_no_warning_when_people_prefer_the_new_version_or_have_cast_too_few_votes(tmp_path, votes):
     project = project_with_round(tmp_path / "project", votes, score_gain=0.8)
-    assert round_warnings(project.run, round_history(project.run)) == []
+    assert round_warnings(project.run, round_history(project.run), "newest") == []
 
 
 @pytest.mark.parametrize("accuracy, pairs, warned", [(0.40, 20, True), (0.60, 20, False), (0.40, 9, False)])
@@ -129,8 +140,9 @@ def test_a_reward_model_that_disagrees_with_the_new_votes_is_a_warning(tmp_path,
         add_reward_model(con, 3, "snapshot-3", "reward_models/v3", {"new_votes_accuracy": accuracy, "new_votes_pairs": pairs})
     summary = round_summary(project.run, 1)
     assert (summary.new_votes_accuracy, summary.new_votes_pairs) == (accuracy, pairs)
-    assert describe(summary)["RM on new votes"] == f"{accuracy:.0%} of {pairs}"
-    warnings = round_warnings(project.run, [summary])
+    assert describe(summary)["RM on new votes"] == {20: f"{accuracy:.1%} of 20 votes [", 9: "too few votes to measure (9)"}[pairs] + \
+        {(0.4, 20): "22%, 61%]", (0.6, 20): "39%, 78%]"}.get((accuracy, pairs), "")
+    warnings = round_warnings(project.run, [summary], "newest")
     expected = f"round 1 (v1 from v0): reward model v1 agrees with people on only {accuracy:.0%} of the {pairs} votes"
     assert [w for w in warnings if w.startswith(expected)] == ([warnings[0]] if warned else []), warnings
     assert len(warnings) == int(warned)
@@ -211,3 +223,42 @@ def test_a_version_registered_while_the_adapter_was_copied_fails_the_rollback_an
     assert sorted(p.name for p in (project.root / "policies").iterdir()) == ["v1", "v2"]
     with closing(project.connect()) as con:
         assert con.execute("SELECT version, adapter_path FROM policies WHERE version > 2").fetchall() == [(3, "policies/ppo-v3")]
+
+
+def vote_between(project: Project, new: int, old: int, new_wins: int, votes: int) -> None:
+    """`votes` votes on pairs of a `new` and an `old` answer to the project's prompts, `new` winning the first new_wins."""
+    with closing(project.connect()) as con:
+        prompts = [row[0] for row in con.execute("SELECT id FROM prompts ORDER BY id").fetchall()]
+        for i in range(votes):
+            prompt = prompts[i % len(prompts)]
+            a, b = add_completions(con, [NewCompletion(prompt, new, f"answer {i} of v{new}", 9, True, {}),
+                                         NewCompletion(prompt, old, f"answer {i} of v{old}", 9, True, {})])
+            add_pairs(con, [NewPair(prompt, a.id, b.id, "cross_version")])
+            pair_id = con.execute("SELECT max(id) FROM pairs").fetchone()[0]
+            con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'ann', ?)", [pair_id, "a" if i < new_wins else "b"])
+
+
+@pytest.mark.parametrize("start_from", ["best", "newest"])
+def test_when_people_rate_the_newest_version_below_its_start_the_next_round_starts_from_the_start(two_versions, start_from):
+    """[round] start_from = "best" (the default): v2 lost 4 of 16 votes to v1, the version it started from, so the
+    round registers a copy of v1 as v3 and starts from it, and says so; "newest" starts from v2 all the same."""
+    project = two_versions
+    vote_between(project, new=2, old=1, new_wins=4, votes=16)
+    set_settings(project.root, "round", start_from=start_from)
+    project = load_project(project.root)
+    job = start_round(project, project.run, 1, optimizer="ppo")
+    [round_] = project.run(list_rounds)
+    if start_from == "newest":
+        assert (job.config["policy_version"], round_.policy_from, round_.note) == (2, 2, None)
+        return
+    assert job.config["policy_version"] == 3 and round_.policy_from == 3
+    assert job.config["policy_adapter_path"] == str(project.root / "policies" / "v3")
+    assert files(project.root / "policies" / "v3") == files(project.root / "policies" / "v1")
+    assert re.fullmatch(r'starts from v1, which people rate above the newest, v2, with 9\d% confidence \(\[round\] start_from = '
+                        r'"best"\): a copy of it is v3', round_.note), round_.note
+
+
+def test_a_lead_of_a_few_votes_does_not_move_the_start(two_versions):
+    vote_between(two_versions, new=2, old=1, new_wins=4, votes=12)  # 86% sure that v1 is better: not enough
+    job = start_round(two_versions, two_versions.run, 1, optimizer="ppo")
+    assert job.config["policy_version"] == 2 and two_versions.run(list_rounds)[0].note is None

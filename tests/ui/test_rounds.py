@@ -39,8 +39,9 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
 
     done = run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("round 2: policy v1 from v0; reward model v1")  # round 1 failed above, and is kept
-    assert "PPO 1 steps, KL to v0" in done.stdout
+    # Round 1 failed above, and is kept. [round] candidates = 1 and register = "best" (tiny_project): its one is registered.
+    assert done.stdout.startswith("round 2: policy v1 from v0; candidate 1 of 1 (job 3) registered as v1: predicted win rate over v0 ")
+    assert "; reward model v1 held-out accuracy " in done.stdout and "PPO 1 steps, KL to v0" in done.stdout
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT id, status, policy_from, reward_version, policy_to, error FROM rounds ORDER BY id").fetchall()
@@ -57,7 +58,8 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     assert rounds[0][1] == "failed" and "no resolved comparisons" in rounds[0][5]
     assert rounds[1] == (2, "done", 0, 1, 1, None)
     # v0 answered every prompt twice already, so the round only samples the new policy.
-    assert jobs == [("reward_model", "done", None, None), ("ppo", "done", "0", None), ("generate", "done", "1", "0")]
+    assert jobs == [("reward_model", "done", None, None), ("ppo", "done", "0", None), ("predict", "done", None, None),
+                    ("generate", "done", "1", "0")]
     assert policy == (1, 0, 2)
     trained_on = {r["prompt_id"] for r in read_parquet(tiny_project / "jobs" / str(ppo_dir) / "inputs" / "prompts.parquet")}
     assert trained_on and not trained_on & held_back, "PPO must not train on the held-back prompts"
@@ -92,26 +94,97 @@ def test_auto_runs_dpo_until_the_reward_model_steers_then_ppo_on_its_conservativ
     first = run_tether("round", "--project", str(tiny_project))
     assert first.returncode == 0, first.stderr
     untrusted = "auto: DPO on the votes, as reward model v1 does not steer the loop yet: no earlier version has been measured on votes it never saw"
-    assert first.stdout.startswith(f"round 1: policy v1 from v0; {untrusted}; ")
+    assert first.stdout.startswith(f"round 1: policy v1 from v0; {untrusted}; candidate 1 of 1 (job 3) registered as v1")
     # The new-against-old pairs have no votes yet: the next round has nothing new to train a reward model on.
     set_settings(tiny_project, "reward_model", trust="always")
     second = run_tether("round", "--project", str(tiny_project))
     assert second.returncode == 0, second.stderr
     trusted = ('auto: PPO against reward model v1, which steers the loop: [reward_model] trust = "always"; '
                "its reward is the heads' mean less 1 times their spread")
-    assert second.stdout.startswith(f"round 2: policy v2 from v1; reward model v1 reused: the votes hold nothing it did not train on; {trusted}; ")
+    assert second.stdout.startswith(f"round 2: policy v2 from v1; reward model v1 reused: the votes hold nothing it did not train on; {trusted}; "
+                                    "candidate 1 of 1 (job 6) registered as v2")
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT optimizer, reward_version, policy_to FROM rounds ORDER BY id").fetchall()
         jobs = con.execute("SELECT round, kind FROM jobs WHERE round IS NOT NULL ORDER BY id").fetchall()
         penalty = con.execute("SELECT config->'ppo'->>'uncertainty_penalty' FROM jobs WHERE kind = 'ppo'").fetchone()[0]
     assert rounds == [("dpo", 1, 1), ("ppo", 1, 2)]
-    assert jobs == [(1, "reward_model"), (1, "dpo"), (1, "generate"), (2, "ppo"), (2, "generate")]
+    assert jobs == [(1, "reward_model"), (1, "dpo"), (1, "predict"), (1, "generate"), (2, "ppo"), (2, "predict"), (2, "generate")]
     assert float(penalty) == 1.0
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout.splitlines()
     header = history[0].split()
     assert header[:4] == ["round", "status", "policy", "ran"]
     assert history[1].split()[5:7] == ["DPO", "(auto)"] and history[2].split()[5:7] == ["PPO", "(auto)"]
-    assert f"round 1: {untrusted}" in history and f"round 2: reward model v1 reused: the votes hold nothing it did not train on; {trusted}" in history
+    assert any(line.startswith(f"round 1: {untrusted}; candidate 1 of 1") for line in history)
+    assert any(line.startswith(f"round 2: reward model v1 reused: the votes hold nothing it did not train on; {trusted}; candidate") for line in history)
+
+
+def test_a_round_trains_its_candidates_and_registers_the_one_the_predictor_rates_best(tiny_project):
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
+    set_settings(tiny_project, "round", candidates=2, predictor_answers=3)  # register = "best" (tiny_project): one is registered
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    held_back = held_back_ids(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        candidates = con.execute("SELECT job, seed, win_rate, low, high, kl_to_v0, answers, chosen, verdict FROM candidates ORDER BY job").fetchall()
+        predictor = con.execute("SELECT id, config FROM jobs WHERE kind = 'predict'").fetchone()
+        version = con.execute("SELECT version, parent, round, job, adapter_path FROM policies WHERE version = 1").fetchone()
+        kinds = con.execute("SELECT kind FROM jobs WHERE round = 1 ORDER BY id").fetchall()
+    assert [k for (k,) in kinds] == ["reward_model", "dpo", "dpo", "predict", "generate"]
+    (first, first_seed, *_), (second, second_seed, *_) = candidates
+    assert second_seed - first_seed == 1000  # each its own seed
+    best = max(candidates, key=lambda c: c[2])
+    assert [c[7] for c in candidates] == [c is best for c in candidates]
+    assert best[8].startswith("registered, rated best: ") and [c for c in candidates if c is not best][0][8].startswith("rated below another: ")
+    for _, _, rate, low, high, kl, answers, *_ in candidates:
+        assert 0 <= low <= rate <= high <= 1 and kl == kl  # a number, not NaN
+    config = json.loads(predictor[1])
+    asked = read_parquet(tiny_project / "jobs" / str(predictor[0]) / "inputs" / "prompts.parquet")
+    assert asked and {r["prompt_id"] for r in asked} <= held_back  # prompts no candidate trained on
+    assert candidates[0][6] == 3 * len(asked) and config["generation"]["seed"] == 1  # every policy sampled with the round's seed
+    assert [c["job"] for c in config["candidates"]] == [first, second]
+    # The registered candidate's adapter is v1's; the other stays in its job.
+    assert version == (1, 0, 1, best[0], "policies/v1")
+    assert not (tiny_project / "jobs" / str(best[0]) / "policy").exists()
+    other = second if best[0] == first else first
+    assert (tiny_project / "jobs" / str(other) / "policy" / "adapter_model.safetensors").exists()
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+    assert re.search(r"DPO x2: \d+% \[\d+%, \d+%\]", history) and "registered" in history
+
+
+def test_a_round_that_registers_no_candidate_says_why_and_its_votes_carry_over(tiny_project):
+    """No candidate is registered when every one is over [round] kl_budget: the round ends done, with no new version,
+    and the next round's DPO learns the same votes again, as no version has learnt them."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human", learning_rate=0.01)
+    set_settings(tiny_project, "round", kl_budget=0.000001, predictor_answers=2)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    run_tether("generate", "--project", str(tiny_project), check=True)
+    vote_every_pair(tiny_project)
+
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("round 1 from v0: no candidate registered: all 1 were over [round] kl_budget; ")
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT status, policy_to FROM rounds").fetchall() == [("done", None)]
+        assert con.execute("SELECT max(version) FROM policies").fetchone()[0] == 0
+        [(chosen, verdict)] = con.execute("SELECT chosen, verdict FROM candidates").fetchall()
+        assert not chosen and verdict.startswith("over the KL budget: ")
+        assert [k for (k,) in con.execute("SELECT kind FROM jobs WHERE round = 1 ORDER BY id").fetchall()] == ["reward_model", "dpo", "predict"]
+    history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
+    assert "none registered" in history and "v0 →" in history
+
+    set_settings(tiny_project, "round", kl_budget=20.0)
+    assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        trained = [json.loads(c)["policy_version"] for (c,) in con.execute("SELECT config FROM jobs WHERE kind = 'dpo' ORDER BY id").fetchall()]
+        jobs = [j for (j,) in con.execute("SELECT id FROM jobs WHERE kind = 'dpo' ORDER BY id").fetchall()]
+    pairs = [{r["pair_id"] for r in read_parquet(tiny_project / "jobs" / str(j) / "inputs" / "preferences.parquet")} for j in jobs]
+    assert trained == [0, 0] and pairs[0] and pairs[0] <= pairs[1]
 
 
 def test_a_round_after_rm_train_reuses_its_version_when_the_votes_hold_nothing_new(tiny_project):
@@ -193,6 +266,32 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
     assert overlapped > 0 and most_votes == 2  # both annotators on some pairs, and never more votes than wanted
     assert rounds == [("done", 0, 1), ("done", 1, 2)]
     assert ppo_seeds == [("0",), ("1",)]  # each round's PPO draws other prompts than the last
+
+
+def test_simulate_judges_the_candidate_a_round_kept_out_against_the_rounds_start(tiny_project, tmp_path):
+    """Where a round registers none, the version it started from serves on, and the judge measures the candidate the
+    predictor rated best against that start: what the round would have served without the predictor."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human", learning_rate=0.01)
+    set_settings(tiny_project, "round", candidates=2, kl_budget=0.000001, predictor_answers=2)
+    set_settings(tiny_project, "queue", overlap_share=0.0)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
+    result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--labels-per-round", "12", "--rounds", "1",
+                        "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(tmp_path / "rounds.jsonl"),
+                        "--optimizer", "dpo", "--project", str(tiny_project))
+    assert result.returncode == 0, result.stderr
+    [report] = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert (report["start"], report["policy"], report["registered"]) == (0, 0, False)
+    assert report["over_start"] == 0.5 and report["win_rate"] == 0.5  # v0 against itself
+    top = max(report["candidates"], key=lambda c: c["predicted"])
+    assert [c["top"] for c in report["candidates"]] == [c is top for c in report["candidates"]]
+    assert 0 <= top["judge_over_start"] <= 1 and all(c["judge_over_start"] is None for c in report["candidates"] if c is not top)
+    assert all(c["verdict"].startswith("over the KL budget") and not c["chosen"] for c in report["candidates"])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("round 1:"))
+    assert "no version registered: v0 serves on" in line
+    assert sum(line.startswith("  candidate job ") for line in result.stdout.splitlines()) == 2
 
 
 def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):

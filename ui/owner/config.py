@@ -120,6 +120,8 @@ class ServerConfig:
 
 
 OPTIMIZERS = ("auto", "ppo", "dpo", "grpo")
+START_FROM = ("best", "newest")
+REGISTER = ("confident", "best")
 TRUSTED_OPTIMIZERS = ("ppo", "grpo")
 
 
@@ -158,9 +160,45 @@ class RoundConfig:
     kl_budget: float = field(
         default=20.0,
         metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
-                          "KL adds up round after round, as each round moves on from where the last one ended. PPO stops "
-                          "at the first step whose responses are further than this, and the round says so; DPO and GRPO "
-                          "are held only by their beta. 0: no budget."},
+                          "KL adds up round after round, as each round moves on from where the last one ended. No round "
+                          "registers a candidate further than this on its answers to the predictor's prompts, whatever "
+                          "its optimiser, and PPO stops at the first step whose responses are further. 0: no budget."},
+    )
+    candidates: int = field(
+        default=3,
+        metadata={"help": "Policies a round trains from its start, each with its own seed, by the optimiser the round runs. "
+                          "The predictor rates each against the start and the round registers the one it rates best, or "
+                          "none where none is predicted better with confidence (its votes then carry over)."},
+    )
+    predictor_prompts: int = field(
+        default=32,
+        metadata={"help": "Held-back prompts the predictor compares candidates with the start on: the first this many by "
+                          "content, the same every round. No policy of the round trained on them."},
+    )
+    predictor_answers: int = field(
+        default=8,
+        metadata={"help": "Answers of the start and of each candidate to each of the predictor's prompts. The predicted win "
+                          "rate is the share of pairs of answers to the same prompt whose conservative reward ([ppo] "
+                          "uncertainty_penalty) is the candidate's."},
+    )
+    predictor_confidence: float = field(
+        default=0.8,
+        metadata={"help": "Level of the predicted win rate's interval (a bootstrap over the prompts and their answers). A "
+                          "candidate is registered only if its whole interval lies above 50%: at 0.8, its win rate is "
+                          "above 50% with 90% confidence."},
+    )
+    register: str = field(
+        default="confident",
+        metadata={"help": "Which candidate a round registers. 'confident': the one the predictor rates best among those "
+                          "predicted better than the start with [round] predictor_confidence, or none. 'best': the one it "
+                          "rates best, whatever it predicts. Either way none over [round] kl_budget."},
+    )
+    start_from: str = field(
+        default="best",
+        metadata={"help": "Which version a round starts from. 'best': the version people's votes on the held-back pairs "
+                          "rate best (Bradley-Terry), once they rate it above the newest with 90% confidence; the round "
+                          "first registers a copy of it as the newest, as a rollback does, and says so. 'newest': the "
+                          "newest, always."},
     )
 
     def __post_init__(self):
@@ -174,6 +212,14 @@ class RoundConfig:
             raise ValueError("per_prompt must be at least 1 and every_comparisons at least 0")
         if self.kl_budget < 0:
             raise ValueError(f"kl_budget must be 0 or more, got {self.kl_budget}")
+        if self.candidates < 1 or self.predictor_prompts < 1 or self.predictor_answers < 1:
+            raise ValueError("candidates, predictor_prompts and predictor_answers must be at least 1")
+        if not 0 < self.predictor_confidence < 1:
+            raise ValueError(f"predictor_confidence must be between 0 and 1, got {self.predictor_confidence}")
+        if self.register not in REGISTER:
+            raise ValueError(f"register must be one of {', '.join(REGISTER)}, got {self.register!r}")
+        if self.start_from not in START_FROM:
+            raise ValueError(f"start_from must be one of {', '.join(START_FROM)}, got {self.start_from!r}")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progr
 from store.policies import POLICY_JOBS, add_policy, dpo_jobs_behind, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.pref_files import read_preference_file
-from store.rounds import set_policy_to, set_reward_version
+from store.rounds import Candidate, Round, add_note, get_round, set_policy_to, set_reward_version, set_verdict
 from store.votes import pairs_voted_by
 from store.reward_models import (
     RewardModel,
@@ -362,38 +362,47 @@ def evaluate_reward_model(project: Project, version: RewardModel, data_file: Pat
     return reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=on_scored)
 
 
-def submit_ppo(
-    project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None, round_id: int | None = None
-) -> Job:
+# A round's candidate k trains with its optimiser's seed plus k times this: each its own initialisation, batches and samples.
+CANDIDATE_SEED_STRIDE = 1000
+
+
+def job_seed(seed: int, policy_version: int, candidate: int | None) -> int:
+    """A policy job's seed: the setting's, offset by the version it starts from, so that each round draws its own prompt
+    batches and samples, and by a round's candidate number, so that its candidates differ."""
+    return seed + policy_version + CANDIDATE_SEED_STRIDE * (candidate or 0)
+
+
+def submit_ppo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
+               round_id: int | None = None, candidate: int | None = None) -> Job:
     """Queue PPO from a policy version against a reward model (the newest of each by default).
 
-    PPO trains on the active prompts that rounds do not hold back for comparing policies.
+    PPO trains on the active prompts that rounds do not hold back for comparing policies. A round's
+    candidate (numbered from 0) is kept in its job until the round's predictor chooses among them.
     """
     ppo = project.config.ppo
 
     def settings(version: int) -> dict[str, Any]:
-        # Offset by the version, so each round's PPO draws its own prompt batches and samples.
-        return {"ppo": dataclasses.asdict(ppo) | {"seed": ppo.seed + version, "max_new_tokens": project.config.ppo_response_tokens()},
+        return {"ppo": dataclasses.asdict(ppo) | {"seed": job_seed(ppo.seed, version, candidate),
+                                                  "max_new_tokens": project.config.ppo_response_tokens()},
                 "kl_budget": project.config.round.kl_budget}
 
-    return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id)
+    return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id, candidate)
 
 
-def submit_grpo(
-    project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None, round_id: int | None = None
-) -> Job:
+def submit_grpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
+                round_id: int | None = None, candidate: int | None = None) -> Job:
     """Queue GRPO from a policy version against a reward model (the newest of each by default), on the prompts PPO uses."""
     grpo = project.config.grpo
 
     def settings(version: int) -> dict[str, Any]:
         tokens = grpo.max_new_tokens or project.config.generation.max_new_tokens
-        return {"grpo": dataclasses.asdict(grpo) | {"seed": grpo.seed + version, "max_new_tokens": tokens}}
+        return {"grpo": dataclasses.asdict(grpo) | {"seed": job_seed(grpo.seed, version, candidate), "max_new_tokens": tokens}}
 
-    return _submit_on_prompts(project, run, "grpo", settings, reward_version, policy_version, round_id)
+    return _submit_on_prompts(project, run, "grpo", settings, reward_version, policy_version, round_id, candidate)
 
 
 def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable[[int], dict[str, Any]], reward_version: int | None,
-                       policy_version: int | None, round_id: int | None) -> Job:
+                       policy_version: int | None, round_id: int | None, candidate: int | None) -> Job:
     """A policy job that samples the prompts rounds do not hold back and scores them with a reward model."""
     reward_model = run(get_reward_model, reward_version)
     policy = run(get_policy, policy_version)
@@ -406,12 +415,13 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
         "reward_adapter_path": str(project.root / reward_model.adapter_path),
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
+        "candidate": candidate,
     }
     return _submit(project, run, kind, config, {"prompts": _prompt_table(prompts)}, round_id)
 
 
 def submit_dpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
-               round_id: int | None = None, read: Run | None = None, pairs: str | None = None) -> Job:
+               round_id: int | None = None, read: Run | None = None, pairs: str | None = None, candidate: int | None = None) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes,
     on pairs a reward model (the newest by default) ranks, or on both, as `pairs` ([dpo] pairs by default) says; with
     'both', the ranked pairs join only once the reward model `steers`.
@@ -424,7 +434,8 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     (train.dpo.label_smoothing). With [reward_model] flip_rate = "auto" that probability is taken at the least flip
     rate the votes allow (FlipRate.low), not at the estimate the reward model uses: robust DPO with a flip rate above
     the true one never stops pushing a pair's margin up, while with one below it the margin stops at a finite value.
-    `read` reads the votes beside the writer, as for submit_reward_training.
+    `read` reads the votes beside the writer, as for submit_reward_training. A round's candidate is kept as for
+    submit_ppo.
     """
     dpo = dataclasses.replace(project.config.dpo, pairs=pairs or project.config.dpo.pairs)
     reward = project.config.reward_model
@@ -453,14 +464,15 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: {_what_to_train_on(reward, read or run)}")
     config = {
         "model": dataclasses.asdict(project.config.model),
-        "dpo": dataclasses.asdict(dpo) | {"seed": dpo.seed + policy.version},  # each round its own batch order and samples
+        "dpo": dataclasses.asdict(dpo) | {"seed": job_seed(dpo.seed, policy.version, candidate)},
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
+        "candidate": candidate,
     }
     inputs = {"preferences": preference_table(rows)}
     if reward_model is not None:
         training = [p for p in prompts if p.id not in held_back]
-        drawn = random.Random(dpo.seed + policy.version).sample(training, min(dpo.prompts, len(training)))
+        drawn = random.Random(job_seed(dpo.seed, policy.version, candidate)).sample(training, min(dpo.prompts, len(training)))
         inputs["prompts"] = _prompt_table(drawn)
         config |= {"generation": dataclasses.asdict(project.config.generation), "reward_model": dataclasses.asdict(reward),
                    "reward_version": reward_model.version, "reward_adapter_path": str(project.root / reward_model.adapter_path)}
@@ -627,7 +639,8 @@ def _run_worker_process(
         # directory off sys.path: a signal.py or json.py where tether was run would otherwise
         # shadow the standard library in the worker.
         worker = subprocess.Popen(
-            command or worker_command(directory, project.config.worker.processes()),
+            # The predictor samples a few dozen answers a policy: one process does it.
+            command or worker_command(directory, 1 if job.kind == "predict" else project.config.worker.processes()),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env=(ALLOCATOR_ENV if project.config.worker.release_memory else {}) | os.environ
             | {"PYTHONSAFEPATH": "1", OWNER_PID_ENV: str(os.getpid())},
@@ -690,22 +703,101 @@ def run_to_end(project: Project, job: Job, label: str) -> Job:
 
 
 def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
-    """Register a PPO, DPO or GRPO job's policy adapter as the next policy version, with its per-step statistics."""
+    """Register a PPO, DPO or GRPO job's policy adapter as the next policy version, with its per-step statistics. A
+    round's candidate keeps its adapter in its job directory, for the round's predictor to choose (ingest_prediction)."""
+    steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
+    if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing")
+                  if k in result}:  # DPO's
+        steps.append((0, counts))
+    if job.config.get("candidate") is not None:
+        with transaction(con):
+            add_metrics(con, job.id, steps)
+            finish_job(con, job.id, "done", utcnow())
+        return
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 
     def add_rows() -> None:
-        add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round)
+        add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round, job=job.id)
         if job.round is not None:
             set_policy_to(con, job.round, version)
-        steps = [(stats["step"], {k: float(v) for k, v in stats.items() if k != "step"}) for stats in result["steps"]]
-        if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing")
-                      if k in result}:  # DPO's
-            steps.append((0, counts))
         add_metrics(con, job.id, steps)
         finish_job(con, job.id, "done", utcnow())
 
     register_adapter(con, project, job, directory / result["adapter"], target, add_rows)
+
+
+def submit_prediction(project: Project, run: Run, round_: Round, candidates: list[Candidate]) -> Job:
+    """Queue the round's predictor (train.predict) on its candidates: each one's win rate over the round's start by the
+    round's reward model, on fresh answers of both to the first [round] predictor_prompts held-back prompts (by content,
+    the same ones every round), [round] predictor_answers each, and its KL to v0."""
+    settings = project.config.round
+    start = run(get_policy, round_.policy_from)
+    reward_model = run(get_reward_model, round_.reward_version)
+    held_back = [p for p in run(prompts_to_generate, start.version, None) if is_held_back(p, settings.held_back_share)]
+    prompts = sorted(held_back, key=lambda p: p.content_hash)[: settings.predictor_prompts]
+    if not prompts:
+        raise JobError(f"no active prompt is held back from training for the predictor to compare policies on "
+                       f"([round] held_back_share = {settings.held_back_share}): add prompts")
+    # One seed for every policy of the round: alike policies give alike answers, so their difference shows.
+    generation = dataclasses.replace(project.config.generation, per_prompt=settings.predictor_answers, seed=round_.id)
+    config = {
+        "model": dataclasses.asdict(project.config.model),
+        "generation": dataclasses.asdict(generation),
+        "reward_model": dataclasses.asdict(project.config.reward_model),
+        "reward_version": reward_model.version,
+        "reward_adapter_path": str(project.root / reward_model.adapter_path),
+        "start_version": start.version,
+        "start_adapter_path": str(project.root / start.adapter_path) if start.adapter_path else None,
+        "candidates": [{"job": c.job, "adapter_path": str(job_dir(project, c.job) / "policy")} for c in candidates],
+        "uncertainty_penalty": project.config.ppo.uncertainty_penalty,
+        "confidence": settings.predictor_confidence,
+        "draws": PREDICTOR_DRAWS,
+        "seed": round_.id,
+    }
+    return _submit(project, run, "predict", config, {"prompts": _prompt_table(prompts)}, round_.id)
+
+
+PREDICTOR_DRAWS = 2000  # bootstrap draws of each candidate's win rate: its interval's ends move by under a point between runs
+
+
+def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
+    """Record the predictor's figures and verdict on each of the round's candidates, and register the one it rates best
+    (train.predict.choose) as the next policy version; or none, and the round says why. All or nothing."""
+    from train.predict import Prediction, choose
+
+    predictions = [Prediction(**{k: v for k, v in p.items() if k != "job"}) for p in result["predictions"]]
+    jobs = [p["job"] for p in result["predictions"]]
+    chosen, verdicts = choose(predictions, project.config.round.kl_budget, project.config.round.register == "confident")
+    round_ = get_round(con, job.round)
+
+    def add_rows() -> None:
+        for i, (job_id, prediction, verdict) in enumerate(zip(jobs, predictions, verdicts)):
+            set_verdict(con, round_.id, job_id, dataclasses.asdict(prediction), i == chosen, verdict)
+        add_metrics(con, job.id, [(0, {f"start_{name}": value for name, value in result["start"].items()})])
+        finish_job(con, job.id, "done", utcnow())
+
+    if chosen is None:
+        with transaction(con):
+            add_rows()
+            add_note(con, round_.id, f"no candidate registered: none of {len(jobs)} was predicted better than v{round_.policy_from} "
+                                     "with confidence within [round] kl_budget, so the round's votes carry over to the next"
+                                     if project.config.round.register == "confident" else
+                                     f"no candidate registered: all {len(jobs)} were over [round] kl_budget")
+        return
+    candidate = get_job(con, jobs[chosen])
+    version = max(policy_versions(con)) + 1
+    target = Path("policies") / f"v{version}"
+    best = predictions[chosen]
+
+    def register() -> None:
+        add_policy(con, version, str(target), parent=round_.policy_from, round=round_.id, job=candidate.id)
+        set_policy_to(con, round_.id, version)
+        add_note(con, round_.id, f"candidate {chosen + 1} of {len(jobs)} (job {candidate.id}) registered as v{version}: predicted win "
+                                 f"rate over v{round_.policy_from} {best.win_rate:.0%} [{best.low:.0%}, {best.high:.0%}]")
+        add_rows()
+
+    register_adapter(con, project, candidate, job_dir(project, candidate.id) / "policy", target, register)
 
 
 def _stop(worker: subprocess.Popen) -> None:
@@ -723,4 +815,5 @@ INGESTERS: dict[str, Callable[..., None]] = {
     "score": ingest_scores,
     "judge": ingest_judgements,
     **dict.fromkeys(POLICY_JOBS, ingest_policy),
+    "predict": ingest_prediction,
 }

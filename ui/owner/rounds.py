@@ -1,14 +1,17 @@
-"""Training rounds: a chain of jobs that turns the votes so far into the next policy version.
+"""Training rounds: a chain of jobs that turns the votes so far into the next policy version, or into none.
 
-A round is a reward model trained on a snapshot of the comparisons (or a chosen version), PPO
-from the newest policy v on the prompts that are not held back, then completions of v (where
-it has too few) and of v+1 on the held-back prompts, each of v+1's paired with one of v's for
-the annotators. The votes on those pairs are the round's human win rate. Each step is a job,
-queued when the one before it is done, so the app's job queue and `tether round` run a round
-the same way: `start_round`, then `advance_round` after each of its jobs.
+A round starts from a version v (the newest, or the best rated by people), trains a reward model
+on a snapshot of the comparisons (or takes a chosen version), trains [round] candidates policies
+from v, each with its own seed, and lets a predictor rate each against v by the reward model on
+fresh answers to the held-back prompts. The one rated best with confidence, within the KL budget,
+is registered as v+1 (or none is, and the votes carry over). Then completions of v (where it has
+too few) and of v+1 on the held-back prompts, each of v+1's paired with one of v's for the
+annotators: the votes on those pairs are the round's human win rate. Each step is a job, queued
+when the one before it is done, so the app's job queue and `tether round` run a round the same
+way: `start_round`, then `advance_round` after each of its jobs.
 
-When people rate a new version below the one it started from, `roll_back` registers a copy of
-a better one as the newest version, so the next round starts from it.
+When people rate a new version below a better one, the next round starts from the better one
+([round] start_from = "best"), or `roll_back` registers a copy of it by hand.
 """
 
 import os
@@ -20,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from annotate.ratings import Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, length_controlled
+from annotate.ratings import (
+    Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, lead_probability, length_controlled, measured_share,
+)
 from store import Connection, StoreError
 from store.db import utcnow
 from store.jobs import Job, job_metrics, metric_series, round_jobs
@@ -28,67 +33,92 @@ from store.completions import completions_of, paired_texts
 from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
-from store.rounds import Round, add_round, finish_round, get_round, list_rounds, set_choice
+from store.rounds import Candidate, Round, add_candidate, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice
 from store.stats import version_games, version_votes
 from train.files import built_beside
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
     Run, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
-    submit_ppo, submit_reward_training, trust_status,
+    submit_ppo, submit_prediction, submit_reward_training, trust_status,
 )
 from ui.owner.project import Project
 
-STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "generate": "completions"}
-SUBMIT_AFTER_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo, "dpo": submit_dpo}
+STAGES = {"reward_model": "reward model", "ppo": "PPO", "dpo": "DPO", "grpo": "GRPO", "predict": "predictor", "generate": "completions"}
+SUBMIT_WITH_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo}
 
 
 def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None,
                 optimizer: str | None = None) -> Job:
-    """Start a round from the newest policy with `optimizer` ([round] optimizer by default); return its first job.
+    """Start a round with `optimizer` ([round] optimizer by default); return its first job. The round reads in the order
+    it happens:
 
-    A round trains a reward model first unless given a version, but for a DPO round on [dpo]
-    pairs = "human", which trains on the votes directly. Where the votes hold nothing the newest
-    version has not trained on, with the same settings, the round reuses it instead, and says so.
-    With 'auto' the reward model decides the optimiser once it is known (choose_optimizer). `read`
-    reads the votes beside the writer, as for submit_reward_training.
+    1. its start: the newest version, or with [round] start_from = "best" the version people rate best, once they rate
+       it above the newest with confidence (`best_rated`): a copy of it is registered as the newest first, as a
+       rollback does;
+    2. its reward model: trained on every vote so far, unless given a version; where the votes hold nothing the newest
+       version has not trained on, with the same settings, that version is reused, and the round says so;
+    3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
+    4. its candidates: [round] candidates policies from the start, each with its own seed (advance_round);
+    5. the predictor: each candidate's win rate over the start by the reward model (submit_prediction), and the one
+       rated best with confidence registered as the next version, or none (ingest_prediction);
+    6. its pairs: completions of the new version against the start's on the held-back prompts, for people to judge.
+
+    `read` reads the votes beside the writer, as for submit_reward_training.
     """
     optimizer = optimizer or project.config.round.optimizer
     if optimizer not in OPTIMIZERS:
         raise StoreError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    votes_only = optimizer == "dpo" and project.config.dpo.pairs == "human"
-    note = training = None
     if reward_version is not None:
-        if votes_only:
-            raise StoreError('a DPO round with [dpo] pairs = "human" learns from the votes directly and uses no reward model: '
-                             "leave the version out")
         run(get_reward_model, reward_version)  # fails now, not after a round was recorded
-    elif not votes_only:
+    notes = []
+    if reward_version is None:
         training = reward_training(project, run, read=read)
         if (reward_version := training.reusable_version) is not None:
-            note = f"reward model v{reward_version} reused: the votes hold nothing it did not train on"
+            notes.append(f"reward model v{reward_version} reused: the votes hold nothing it did not train on")
+    if project.config.round.start_from == "best" and (best := best_rated(run)) is not None:
+        newest = run(get_policy, None).version
+        confidence = lead_probability(run(version_games), best, newest)
+        copy = roll_back(project, run, best)
+        notes.insert(0, f"starts from v{best}, which people rate above the newest, v{newest}, with {confidence:.0%} confidence "
+                        f"([round] start_from = \"best\"): a copy of it is v{copy.version}")
     policy = run(get_policy, None)
-    round_ = run(add_round, policy.version, reward_version, optimizer, note)
+    round_ = run(add_round, policy.version, reward_version, optimizer, "; ".join(notes) or None)
     try:
-        if votes_only:
-            return submit_dpo(project, run, None, policy.version, round_.id, read)
-        if reward_version is None:
+        if round_.reward_version is None:
             return submit_reward_training(project, run, round_id=round_.id, read=read, training=training)
-        return _submit_after_reward_model(project, run, round_)
+        return _after_reward_model(project, run, round_)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
         raise
 
 
-def _submit_after_reward_model(project: Project, run: Run, round_: Round) -> Job:
-    """The round's policy job, once its reward model is known; with 'auto', the one that reward model's trust allows."""
-    if round_.optimizer != "auto":
-        return SUBMIT_AFTER_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
-    optimizer, why = choose_optimizer(run(get_reward_model, round_.reward_version), project.config)
-    run(set_choice, round_.id, optimizer, why)
-    if optimizer == "dpo":
-        return submit_dpo(project, run, None, round_.policy_from, round_.id, pairs="human")
-    return SUBMIT_AFTER_REWARD_MODEL[optimizer](project, run, round_.reward_version, round_.policy_from, round_.id)
+def best_rated(run: Run) -> int | None:
+    """The version to start from under [round] start_from = "best": the best rated by people's votes, where they rate it
+    above the newest with LEAD_CONFIDENCE; None where that is the newest, or the votes do not say so."""
+    return rollback_target(run(version_games), run(get_policy, None).version)
+
+
+def _after_reward_model(project: Project, run: Run, round_: Round) -> Job:
+    """The round's first candidate, once its reward model is known; with 'auto', after choosing the optimiser."""
+    if round_.optimizer == "auto":
+        optimizer, why = choose_optimizer(run(get_reward_model, round_.reward_version), project.config)
+        run(set_choice, round_.id, optimizer, why)
+        round_ = run(get_round, round_.id)
+    return _submit_candidate(project, run, round_, 0)
+
+
+def _submit_candidate(project: Project, run: Run, round_: Round, number: int) -> Job:
+    """Candidate `number` (from 0) of the round: its optimiser from the round's start, with that candidate's seed."""
+    if round_.optimizer == "dpo":
+        # Chosen by 'auto' because the reward model does not steer: DPO on the votes alone.
+        pairs = "human" if _chosen_by_auto(round_) else None
+        job = submit_dpo(project, run, round_.reward_version, round_.policy_from, round_.id, pairs=pairs, candidate=number)
+    else:
+        job = SUBMIT_WITH_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id, candidate=number)
+    settings = job.config[round_.optimizer]
+    run(add_candidate, round_.id, job.id, round_.optimizer, settings["seed"])
+    return job
 
 
 AUTO_NOTE = "auto: "  # begins what choose_optimizer says
@@ -116,12 +146,17 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
         return None
     try:
         if job.kind == "reward_model":
-            return _submit_after_reward_model(project, run, round_)
+            return _after_reward_model(project, run, round_)
         if job.kind in POLICY_JOBS:
+            candidates = run(round_candidates, round_.id)
+            if len(candidates) < project.config.round.candidates:
+                return _submit_candidate(project, run, round_, len(candidates))
+            return submit_prediction(project, run, round_, candidates)
+        if job.kind == "predict" and round_.policy_to is not None:
             missing = [p for p in _held_back(project, run, round_.policy_from) if p.completions < project.config.round.per_prompt]
             if missing:
                 return submit_generation(project, run, None, project.config.round.per_prompt, round_.policy_from, missing, round_id=round_.id)
-        if job.kind in POLICY_JOBS or job.config["policy_version"] == round_.policy_from:
+        if job.kind == "predict" and round_.policy_to is not None or job.kind == "generate" and job.config["policy_version"] == round_.policy_from:
             held_back = _held_back(project, run, round_.policy_to)
             return submit_generation(
                 project, run, None, project.config.round.per_prompt, round_.policy_to, held_back, round_.policy_from, round_.id
@@ -165,6 +200,7 @@ def _held_back(project: Project, run: Run, policy_version: int) -> list[Prompt]:
 class RoundSummary:
     round: Round
     reward_accuracy: float | None  # held-out pairwise accuracy of the round's reward model
+    reward_pairs: int | None  # the held-out pairs it was measured on
     optimizer: str | None  # the kind of the job that trained the new policy: "ppo", "dpo" or "grpo"
     settings: dict[str, Any]  # the settings that job ran with
     policy_job: int | None
@@ -184,13 +220,16 @@ class RoundSummary:
     new_votes_accuracy: float | None
     new_votes_pairs: int | None
     reward_model_kind: str | None  # which reward model scored: "head" or "LoRA", and for kind "auto" which of the two steered
+    candidates: list[Candidate]  # the policies the round trained, with the predictor's verdict on each
 
 
 def round_history(run: Run) -> list[RoundSummary]:
     votes = run(version_votes)
     games = [vote[:3] for vote in votes]
     reward_models = {rm.version: rm for rm in run(list_reward_models)}
-    return [_summarise(run, round_, games, votes, reward_models) for round_ in run(list_rounds)]
+    candidates = run(round_candidates, None)
+    return [_summarise(run, round_, games, votes, reward_models, [c for c in candidates if c.round == round_.id])
+            for round_ in run(list_rounds)]
 
 
 def round_summary(run: Run, round_id: int) -> RoundSummary:
@@ -198,9 +237,16 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
     return next(s for s in round_history(run) if s.round.id == round_id)
 
 
-def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel]) -> RoundSummary:
-    policy_job = next((j for j in run(round_jobs, round_.id) if j.kind in POLICY_JOBS), None)
-    accuracy = reward_models[round_.reward_version].metrics.get("eval_accuracy") if round_.reward_version in reward_models else None
+def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel],
+               candidates: list[Candidate]) -> RoundSummary:
+    jobs = run(round_jobs, round_.id)
+    if candidates:  # the one the round registered, if any
+        registered = next((c.job for c in candidates if c.chosen), None)
+        policy_job = next((j for j in jobs if j.id == registered), None)
+    else:  # a round from before candidates: its one policy job
+        policy_job = next((j for j in jobs if j.kind in POLICY_JOBS), None)
+    metrics = reward_models[round_.reward_version].metrics if round_.reward_version in reward_models else {}
+    accuracy, held_out = metrics.get("eval_accuracy"), metrics.get("pairs_eval")
     kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = smoothing = None
     stopped_early = False
     if policy_job is not None and policy_job.status == "done":
@@ -222,10 +268,10 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         metrics = reward_models[round_.reward_version].metrics
         kind = SHORT_KINDS[metrics.get("kind", "lora")] + (f", {SHORT_KINDS[metrics['steering']]} steering" if metrics.get("kind") == "auto" else "")
     return RoundSummary(
-        round_, accuracy, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
+        round_, accuracy, held_out, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
         stopped_early, score_gain, margin, pair_accuracy, pairs, smoothing,
-        win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind,
+        win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind, candidates,
     )
 
 
@@ -260,10 +306,11 @@ LENGTH_DRIFT = 1.5  # new mean length over old, either way
 REPETITION_DRIFT = 0.10  # rise in the share of repeated word trigrams
 
 
-def round_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
+def round_warnings(run: Run, history: list[RoundSummary], start_from: str) -> list[str]:
     """What needs an operator's eye in finished rounds: people rating the new policy below the one it
     started from, a reward model that no longer agrees with people, drift in length or repetition
-    between the old and new policy's answers; and, last, the version to roll back to, if any."""
+    between the old and new policy's answers; and, last, a better version than the newest, which the
+    next round starts from with [round] start_from = "best" and which to roll back to otherwise."""
     games = run(version_games)
     scores = bradley_terry(games)
     warnings = []
@@ -275,10 +322,10 @@ def round_warnings(run: Run, history: list[RoundSummary]) -> list[str]:
         warnings += [f"{name}: {w}" for w in _warnings_of(run, summary, scores)]
     newest = run(get_policy, None).version
     if (target := rollback_target(games, newest)) is not None:
-        warnings.append(
-            f"people rate the newest policy v{newest} ({scores[newest]:.0f}) below v{target} ({scores[target]:.0f}): "
-            f"roll back to v{target} (`tether rollback {target}`, or Roll back in the Loop view) so the next round starts from it"
-        )
+        below = f"people rate the newest policy v{newest} ({scores[newest]:.0f}) below v{target} ({scores[target]:.0f})"
+        warnings.append(f"{below}: the next round starts from v{target} ([round] start_from = \"best\")" if start_from == "best" else
+                        f"{below}: roll back to v{target} (`tether rollback {target}`, or Roll back in the Loop view) so the next "
+                        "round starts from it")
     return warnings
 
 
@@ -321,14 +368,19 @@ def _rated_below_parent(summary: RoundSummary, scores: dict[int, float]) -> str 
     return f"people rate v{new} below v{old}: it " + ", ".join(figures)
 
 
+LEAD_CONFIDENCE = 0.9  # how sure people's votes must make it that a version beats the newest, to go back to it
+
+
 def rollback_target(games: list[Game], newest: int) -> int | None:
-    """The best-rated version, when people rate the newest policy below it; each with MIN_VOTES_FOR_WARNING votes or more."""
+    """The best-rated version, when people rate the newest policy below it with LEAD_CONFIDENCE; each with
+    MIN_VOTES_FOR_WARNING votes or more. A lead of a few votes is noise: at 70% agreement, 10 votes on two
+    equal versions split 7 to 3 one time in six."""
     votes = Counter(v for a, b, _ in games for v in (a, b))
     scores = {v: r for v, r in bradley_terry(games).items() if votes[v] >= MIN_VOTES_FOR_WARNING}
     if newest not in scores:
         return None
     best = max(scores, key=scores.get)
-    return best if scores[best] > scores[newest] else None
+    return best if best != newest and lead_probability(games, best, newest) >= LEAD_CONFIDENCE else None
 
 
 def _drift_warnings(run: Run, round_: Round) -> list[str]:
@@ -407,7 +459,7 @@ def repeated_trigram_share(completions: list[tuple[int | None, str]]) -> float:
     return repeated / total if total else 0.0
 
 
-def round_report(run: Run, config: RewardModelConfig) -> list[str]:
+def round_report(run: Run, config: TetherConfig) -> list[str]:
     """The round history as a text table, the ratings, the newest reward model and the warnings, line by line."""
     history = round_history(run)
     if not history:
@@ -423,9 +475,9 @@ def round_report(run: Run, config: RewardModelConfig) -> list[str]:
     if ended := ended_answers(run):
         lines.append("answers that ended, not cut at the length limit: "
                      + ", ".join(f"v{v} {done / total:.0%} of {total}" for v, (done, total) in ended.items()))
-    if note := reward_model_note(run, config):
+    if note := reward_model_note(run, config.reward_model):
         lines.append(note)
-    lines += [f"warning: {warning}" for warning in round_warnings(run, history)]
+    lines += [f"warning: {warning}" for warning in round_warnings(run, history, config.round.start_from)]
     return lines
 
 
@@ -449,7 +501,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "policy": f"v{round_.policy_from} → v{round_.policy_to}" if round_.policy_to is not None else f"v{round_.policy_from} →",
         "ran": round_.optimizer.upper() + (" (auto)" if _chosen_by_auto(round_) else ""),
         "reward model": f"v{round_.reward_version} ({summary.reward_model_kind})" if summary.reward_model_kind else "",
-        "RM accuracy": _percent(summary.reward_accuracy),
+        "RM accuracy": "" if summary.reward_pairs is None else measured_share(summary.reward_accuracy, summary.reward_pairs),
         "optimizer": _settings(summary),
         "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),
         "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}",
@@ -457,9 +509,22 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "win rate": "" if win is None or win.rate is None else f"{win.rate:.0%} [{win.low:.0%}, {win.high:.0%}]",
         "length-controlled": "" if lc is None else f"{lc.rate:.0%} [{lc.low:.0%}, {lc.high:.0%}]",
         "votes": 0 if win is None else win.votes,
-        "RM on new votes": "" if summary.new_votes_accuracy is None else f"{summary.new_votes_accuracy:.0%} of {summary.new_votes_pairs}",
+        "RM on new votes": "" if summary.new_votes_accuracy is None else measured_share(summary.new_votes_accuracy, summary.new_votes_pairs, "votes"),
+        "candidates": candidates_text(summary.candidates),
         "why": round_.note or "",
     }
+
+
+def candidates_text(candidates: list[Candidate]) -> str:
+    """The predictor's verdict on a round's candidates in one line: each one's predicted win rate over the round's
+    start, the registered one marked."""
+    if not candidates:
+        return ""
+    if all(c.win_rate is None for c in candidates):
+        return f"{len(candidates)} trained, not yet rated"
+    shown = [f"{c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]" + (" registered" if c.chosen else "") for c in candidates if c.win_rate is not None]
+    verdict = "" if any(c.chosen for c in candidates) else "; none registered"
+    return f"{candidates[0].optimizer.upper()} x{len(candidates)}: " + ", ".join(shown) + verdict
 
 
 def _chosen_by_auto(round_: Round) -> bool:

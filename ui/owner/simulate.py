@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.judges import Judge
+from annotate.ratings import measured_share
 from annotate.simulate import (
     Messages, Votes, cast_votes, expected_agreement, judge_against, last_user_message, noise_for_agreement, within_prompt_margins,
 )
 from store.jobs import job_metrics, metric_series, round_jobs
-from store.policies import Policy, get_policy
+from store.policies import Policy, copied_version, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
-from store.rounds import Round
-from ui.owner.jobs import run_to_end, steers, submit_generation
+from store.rounds import Round, round_candidates
+from ui.owner.jobs import job_dir, run_to_end, steers, submit_generation
 from ui.owner.project import Project
 from ui.owner.rounds import STAGES, RoundSummary, round_report, round_summary, run_round
 
@@ -51,6 +52,7 @@ class Simulation:
     optimizer: str | None = None  # [round] optimizer when None
     strategy: str | None = None  # [queue] strategy when None
     report: Path | None = None  # where to append each round's figures, one JSON object per line
+    judge_candidates: bool = False  # judge every candidate against the round's start, not only the registered or top-rated one
 
     @property
     def answers_per_prompt(self) -> int:
@@ -68,52 +70,92 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     start = project.run(get_policy, None)
     per_prompt = sim.answers_per_prompt
     say(f"sampling {per_prompt} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    baseline, _ = sample_answers(project, start, prompts, per_prompt, sim.seed)
+    evaluated = {start.version: sample_answers(project, start, prompts, per_prompt, sim.seed)}
+    baseline = evaluated[start.version][0]
     say(f"round 0: policy v{start.version}, judge mean score "
         f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
     sim = with_noise(sim, within_prompt_margins(sim.judge, prompts, _texts(baseline)), start.version, say)
-    previous = baseline
+
+    def answers_of(version: int) -> tuple[list, float]:
+        """A version's evaluation answers and KL to v0, sampled once: a rollback's copy answers as the version it copies."""
+        if version not in evaluated:
+            copied = project.run(copied_version, version)
+            evaluated[version] = answers_of(copied) if copied is not None else sample_answers(
+                project, project.run(get_policy, version), prompts, per_prompt, sim.seed)
+        return evaluated[version]
+
     for number in range(1, sim.rounds + 1):
         seconds: Counter = Counter()
         began = time.monotonic()
         votes = _cast(project, sim, names, rng, seconds)
         round_ = run_round(project, None, sim.optimizer, seconds)
-        evaluated = time.monotonic()
-        answers, kl = sample_answers(project, project.run(get_policy, round_.policy_to), prompts, per_prompt, sim.seed)
+        clock = time.monotonic()
+        served = round_.policy_to if round_.policy_to is not None else round_.policy_from
+        answers, kl = answers_of(served)
+        start_answers = answers_of(round_.policy_from)[0]
+        candidates = _judged_candidates(project, sim, round_, start_answers, answers, evaluated)
         follows = None if round_.reward_version is None else reward_model_follows_judge(project, round_.reward_version, sim.judge, prompts, answers)
-        seconds["evaluation"] += time.monotonic() - evaluated
+        seconds["evaluation"] += time.monotonic() - clock
         summary = round_summary(project.run, round_.id)
-        over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
-        over_parent = judge_against(sim.judge, prompts, _texts(answers), _texts(previous))
+        over_v0 = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
+        over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(start_answers))
+        outcome = (f"policy v{served}: judge win rate over v{start.version} {over_v0.win_rate:.1%} [{over_v0.low:.1%}, {over_v0.high:.1%}] on "
+                   f"{over_v0.pairs} answers, over v{round_.policy_from} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}]"
+                   if round_.policy_to is not None else f"no version registered: v{served} serves on")
         say(
             f"round {number}: {votes.cast} votes, {_share(votes.agreement)} of them sided with the noiseless judge "
             f"({_share(votes.ceiling)} expected); "
-            f"{training_summary(project, summary)}; policy v{round_.policy_to}: judge win rate over v{start.version} "
-            f"{over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}] on {over_start.pairs} answers, "
-            f"over v{round_.policy_from} {over_parent.win_rate:.1%} [{over_parent.low:.1%}, {over_parent.high:.1%}], "
-            f"judge mean score {over_start.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
+            f"{training_summary(project, summary)}; {outcome}, "
+            f"judge mean score {over_v0.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
             + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
+        for c in candidates:
+            say(f"  candidate job {c['job']} ({c['optimizer'].upper()}, seed {c['seed']}): predicted {c['predicted']:.1%} "
+                f"[{c['low']:.1%}, {c['high']:.1%}] over v{round_.policy_from}, KL to v0 {c['kl_to_v0']:.2f}; "
+                + (f"judge {c['judge_over_start']:.1%} over v{round_.policy_from}; " if c["judge_over_start"] is not None else "")
+                + c["verdict"])
         took = time.monotonic() - began
-        memory = peak_memory(project, round_.id, summary.optimizer)
+        memory = peak_memory(project, round_.id, round_.optimizer)
         say(f"round {number} took {took:.0f} s: " + ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items())
             + "; peak resident memory " + ", ".join(f"{job} {gb['measured']:.2f} GB (expected {gb['expected']:.2f})" for job, gb in memory.items()))
         if sim.report is not None:
-            figures = {"round": number, "optimizer": summary.optimizer, "why": round_.note, "label_smoothing": summary.label_smoothing,
-                       "strategy": project.config.queue.strategy,
-                       "policy": round_.policy_to, "votes": votes.cast, "reward_model_follows_judge": follows,
+            figures = {"round": number, "optimizer": round_.optimizer, "why": round_.note, "label_smoothing": summary.label_smoothing,
+                       "strategy": project.config.queue.strategy, "start": round_.policy_from, "registered": round_.policy_to is not None,
+                       "policy": served, "votes": votes.cast, "reward_model_follows_judge": follows,
                        "noise": sim.noise, "agreement": votes.agreement, "expected_agreement": votes.ceiling,
-                       "win_rate": over_start.win_rate, "low": over_start.low, "high": over_start.high, "pairs": over_start.pairs,
-                       "mean_score": over_start.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
-                       "seconds": took, "stages": dict(seconds), "peak_memory_gb": memory}
+                       "win_rate": over_v0.win_rate, "low": over_v0.low, "high": over_v0.high, "pairs": over_v0.pairs,
+                       "over_start": over_start.win_rate, "over_start_low": over_start.low, "over_start_high": over_start.high,
+                       "mean_score": over_v0.mean_score, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers),
+                       "candidates": candidates, "seconds": took, "stages": dict(seconds), "peak_memory_gb": memory}
             with sim.report.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(figures) + "\n")
-        previous = answers
     # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
     _cast(project, sim, names, rng, Counter(), generate_more=False)
     say("the rounds as people (the simulated annotators) saw them:")
-    for line in round_report(project.run, project.config.reward_model):
+    for line in round_report(project.run, project.config):
         say(line)
+
+
+def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_answers: list, registered_answers: list,
+                       evaluated: dict[int, tuple[list, float]]) -> list[dict]:
+    """The round's candidates with the predictor's figures and the judge's win rate over the round's start on the
+    evaluation prompts: the registered one's from its answers, and the one the predictor rated best where none was
+    registered (what the round would have served without the predictor); every one's with sim.judge_candidates."""
+    candidates = project.run(round_candidates, round_.id)
+    rated = [c for c in candidates if c.win_rate is not None]
+    top = max(rated, key=lambda c: c.win_rate).job if rated else None
+    judged = []
+    for c in candidates:
+        over_start = None
+        if c.chosen:
+            over_start = judge_against(sim.judge, sim.eval_prompts, _texts(registered_answers), _texts(start_answers)).win_rate
+        elif sim.judge_candidates or c.job == top and round_.policy_to is None:
+            answers, _ = sample_answers(project, job_dir(project, c.job) / "policy", sim.eval_prompts, sim.answers_per_prompt, sim.seed)
+            over_start = judge_against(sim.judge, sim.eval_prompts, _texts(answers), _texts(start_answers)).win_rate
+        judged.append({"job": c.job, "optimizer": c.optimizer, "seed": c.seed, "predicted": c.win_rate, "low": c.low, "high": c.high,
+                       "kl_to_v0": c.kl_to_v0, "chosen": c.chosen, "top": c.job == top, "verdict": c.verdict,
+                       "judge_over_start": over_start})
+    return judged
 
 
 def with_noise(sim: Simulation, margins: list[float], version: int, say: Callable[[str], None]) -> Simulation:
@@ -166,20 +208,20 @@ def training_summary(project: Project, summary: RoundSummary) -> str:
 
 
 def _trained(project: Project, summary: RoundSummary) -> str:
+    """What the registered candidate's training did; the reward model alone when the round registered none."""
     round_ = summary.round
+    reward_model = f"reward model v{round_.reward_version} held-out accuracy {measured_share(summary.reward_accuracy, summary.reward_pairs)}{_on_new_votes(project, round_)}"
+    if summary.policy_job is None:
+        return reward_model
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
         robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
         trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
                    f"accuracy {_share(summary.pair_accuracy)}")
-        if round_.reward_version is None:  # on the votes alone
-            return trained
-        reward_model = project.run(get_reward_model, round_.reward_version)
-        withheld = "" if summary.pairs[1] or steers(reward_model, project.config.reward_model) else " (it does not steer yet)"
-        return (f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}; "
-                f"{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}")
+        withheld = "" if summary.pairs[1] or steers(project.run(get_reward_model, round_.reward_version), project.config.reward_model) \
+            else " (it does not steer yet)"
+        return f"{reward_model}; {trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}"
     ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
-    reward_model = f"reward model v{round_.reward_version} held-out accuracy {_share(summary.reward_accuracy)}{_on_new_votes(project, round_)}"
     if summary.optimizer == "grpo":
         kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
         return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "

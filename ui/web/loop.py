@@ -28,8 +28,10 @@ ROUND_COLUMNS = [
 SETTINGS_COLUMNS = [
     ("round", "round"), ("status", "status"), ("reward model", "reward model"), ("RM accuracy", "RM accuracy"),
     ("RM on new votes", "RM accuracy on new votes"), ("KL to parent", "KL to parent"), ("optimizer", "optimizer and settings"),
-    ("why", "why it ran so"),
+    ("candidates", "candidates, predicted win rate over the start"), ("why", "why it ran so"),
 ]
+# Each candidate of the shown round, and the predictor's verdict on it.
+CANDIDATE_COLUMNS = ["job", "optimiser", "seed", "predicted win rate over the start [interval]", "KL to v0", "answers ended", "verdict"]
 # The reward-model choice that starts a round by training a new one.
 NEW_REWARD_MODEL = ("a new one, trained on every vote so far", 0)
 
@@ -147,7 +149,7 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
             # Widths set, or the settings text takes the width and squeezes the short columns to a letter.
             settings = gr.Dataframe(
                 headers=[header for _, header in SETTINGS_COLUMNS], label="How each round ran, newest first", interactive=False, wrap=True,
-                column_widths=["6%", "7%", "8%", "8%", "10%", "7%", "27%", "27%"],
+                column_widths=["5%", "6%", "7%", "8%", "9%", "6%", "20%", "19%", "20%"],
             )
         with gr.Row():
             scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
@@ -175,8 +177,9 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
                 plots += [gr.LinePlot(x="step", y="value", show_label=True) for _ in row]
         # Titled and shown by loop_view for a round whose optimiser logged samples.
         samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], interactive=False, wrap=True, visible=False)
+        candidates = gr.Dataframe(headers=CANDIDATE_COLUMNS, interactive=False, wrap=True, visible=False)
 
-    outputs = [history, settings, scores, warnings, shown, samples, reward_version, *plots]
+    outputs = [history, settings, scores, warnings, shown, samples, candidates, reward_version, *plots]
     refresh.click(show_rounds, inputs=[shown], outputs=outputs, api_name="rounds", api_visibility="undocumented")
     shown.input(show_rounds, inputs=[shown], outputs=outputs, api_visibility="undocumented")
     tab.select(show_rounds, inputs=[shown], outputs=outputs, **QUIET)
@@ -201,18 +204,34 @@ def loop_view(server: Server, shown_round: int | None) -> tuple:
     scores = [[f"v{v}", round(r)] for v, r in sorted(ratings(server.db).items(), key=lambda item: -item[1])]
     length = server.project.config.length_warning()
     note = reward_model_note(server.db, server.project.config.reward_model)
-    warnings = "\n".join(([note] if note else []) + ([length] if length else []) + round_warnings(server.db, history)) or "None."
-    trained = [summary for summary in history if summary.policy_job is not None]
+    warnings = "\n".join(([note] if note else []) + ([length] if length else []) + round_warnings(server.db, history, server.project.config.round.start_from)) or "None."
+    trained = [summary for summary in history if _curves_job(summary) is not None]
     shown = next((s for s in trained if s.round.id == shown_round), trained[-1] if trained else None)
     choice = gr.update(choices=[s.round.id for s in trained], value=shown.round.id if shown else None)
     reward_choices = gr.update(choices=[NEW_REWARD_MODEL] + [(f"v{rm.version}", rm.version) for rm in server.db(list_reward_models)])
-    return (table, settings, scores, warnings, choice, _samples(server, shown), reward_choices, *_plots(server, shown))
+    return (table, settings, scores, warnings, choice, _samples(server, shown), _candidates(shown), reward_choices, *_plots(server, shown))
+
+
+def _curves_job(summary: RoundSummary) -> int | None:
+    """The training job whose curves stand for a round: the candidate it registered, else the one the predictor rated
+    best, else its first; a round from before candidates, its one policy job."""
+    rated = sorted((c for c in summary.candidates if c.win_rate is not None), key=lambda c: -c.win_rate)
+    return summary.policy_job or next((c.job for c in rated), summary.candidates[0].job if summary.candidates else None)
+
+
+def _candidates(shown: RoundSummary | None) -> dict:
+    """The shown round's candidates, with the predictor's figures and verdict on each; hidden for a round without."""
+    if shown is None or not shown.candidates:
+        return gr.update(value=[], visible=False)
+    rows = [[c.job, c.optimizer.upper(), c.seed, "" if c.win_rate is None else f"{c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]",
+             rounded(c.kl_to_v0, 2), "" if c.ended is None else f"{c.ended:.0%}", c.verdict or "not yet rated"] for c in shown.candidates]
+    return gr.update(value=rows, label=f"Candidates of round {shown.round.id}, from v{shown.round.policy_from}", visible=True)
 
 
 def _plots(server: Server, shown: RoundSummary | None) -> list[dict]:
     """The shown round's optimiser's curves, one plot each; the plots left over are hidden."""
-    curves = CURVES[shown.optimizer] if shown else {}
-    steps = _steps(server, shown.policy_job, list(curves)) if shown else pd.DataFrame()
+    curves = CURVES[shown.round.optimizer] if shown else {}
+    steps = _steps(server, _curves_job(shown), list(curves)) if shown else pd.DataFrame()
     plots = [gr.update(value=steps[["step", name]].rename(columns={name: "value"}), label=title, visible=True)
              for name, title in curves.items()]
     return plots + [gr.update(value=pd.DataFrame(columns=["step", "value"]), visible=False)] * (PLOTS - len(plots))
@@ -235,8 +254,8 @@ def _samples(server: Server, shown: RoundSummary | None) -> dict:
     that names it. Only PPO logs samples: for a DPO or GRPO round, or before PPO's first step, the table is hidden."""
     if shown is None:
         return gr.update(value=[], visible=False)
-    events = read_events(job_dir(server.project, shown.policy_job), 0)[0]
+    events = read_events(job_dir(server.project, _curves_job(shown)), 0)[0]
     latest = next((e for e in reversed(events) if "samples" in e), None)
     rows = [[latest["step"], s["prompt"], s["response"], rounded(s["score"], 3)] for s in latest["samples"]] if latest else []
-    label = f"Responses sampled at {STAGES[shown.optimizer]}'s latest step, round {shown.round.id}"
+    label = f"Responses sampled at {STAGES[shown.round.optimizer]}'s latest step, round {shown.round.id}"
     return gr.update(value=rows, label=label, visible=bool(rows))

@@ -3,12 +3,13 @@
 import gradio as gr
 import pandas as pd
 
+from annotate.ratings import measured_share
 from store.jobs import metric_series
 from store.reward_models import list_reward_models
 from ui.owner.jobs import scoring_kind, submit_reward_training, submit_scoring
 from ui.owner.rounds import reward_model_note
 from ui.owner.server import Server
-from ui.web.common import QUIET, figure, rounded, user_errors, with_error_ids
+from ui.web.common import QUIET, rounded, user_errors, with_error_ids
 
 VERSION_COLUMNS = ["version", "model", "held-out accuracy", "calibration error", "heads", "train pairs", "held-out pairs", "truncated", "pairs/s",
                    "snapshot"]
@@ -35,7 +36,8 @@ def build_reward_models(server: Server) -> None:
         server.operator(request.username)
         versions = server.db(list_reward_models)
         table = [
-            [rm.version, scoring_kind(rm), figure(rm.metrics.get("eval_accuracy"), percent=True), rounded(rm.metrics.get("eval_calibration_error"), 3),
+            [rm.version, scoring_kind(rm), measured_share(rm.metrics.get("eval_accuracy"), rm.metrics.get("pairs_eval")),
+             rounded(rm.metrics.get("eval_calibration_error"), 3),
              rm.metrics.get("heads", 1), rm.metrics.get("pairs_train"), rm.metrics.get("pairs_eval"), rm.metrics.get("truncated"),
              rounded(rm.metrics.get("pairs_per_second"), 2), rm.snapshot[:12]]
             for rm in versions

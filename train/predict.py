@@ -1,0 +1,97 @@
+"""A round's predictor: how often each candidate policy would beat the round's start, by the reward model.
+
+A round trains several candidates from one start (other seeds, other optimisers) and keeps at
+most one. Which one, and whether any, is decided before anyone sees its answers:
+1. sample: the start and every candidate answer the same prompts, held back from training (none of
+   them trained on these prompts), `answers` times each, each policy with the same seed, so that
+   two alike policies give alike answers and their difference is not drowned in sampling noise;
+2. score: every answer's conservative reward, the reward model's heads' mean less
+   `uncertainty_penalty` times their spread, as PPO optimises it;
+3. compare: the candidate's win rate over the start is the share of (candidate answer, start
+   answer) pairs to the same prompt whose reward is higher, ties half, averaged over prompts: what
+   a judge's win rate over the start measures, with the reward model for the judge;
+4. interval: the win rate's `confidence` interval by a two-level bootstrap, the prompts drawn
+   again, then each prompt's answers of both policies, so that a few prompts do not pass for many;
+5. KL: each candidate's KL to the starting model v0 on its own answers, for [round] kl_budget.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from train.generate import Generated
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A candidate's predicted win rate over the round's start, and what it was measured on."""
+
+    win_rate: float  # share of answer pairs to the same prompt where the candidate's reward is higher, ties half
+    low: float  # the bootstrap interval at the job's confidence
+    high: float
+    kl_to_v0: float  # KL(candidate || v0) on its own answers, nats per answer
+    ended: float  # share of its answers that ended before the length limit
+    mean_reward: float  # its answers' mean conservative reward
+    prompts: int
+    answers: int  # of the candidate, as many of the start's
+
+
+def win_rate(candidate: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """(P, N) and (P, M) rewards of each prompt's answers to the mean over prompts of each prompt's share of (candidate,
+    start) pairs the candidate wins, ties half; (...) over any leading dimensions, for the bootstrap's draws."""
+    difference = candidate.unsqueeze(-1) - start.unsqueeze(-2)  # (..., P, N, M)
+    wins = (difference > 0).double() + 0.5 * (difference == 0).double()
+    return wins.mean(dim=(-1, -2)).mean(dim=-1)
+
+
+def bootstrap_interval(candidate: torch.Tensor, start: torch.Tensor, confidence: float, draws: int,
+                       generator: torch.Generator) -> tuple[float, float]:
+    """The central `confidence` interval of win_rate over `draws` two-level bootstrap draws: P prompts drawn with
+    replacement, then within each drawn prompt its N candidate answers and M start answers, each with replacement."""
+    prompts, n, m = candidate.shape[0], candidate.shape[1], start.shape[1]
+    which = torch.randint(prompts, (draws, prompts), generator=generator)  # (D, P)
+    drawn_candidate = torch.gather(candidate[which], 2, torch.randint(n, (draws, prompts, n), generator=generator))  # (D, P, N)
+    drawn_start = torch.gather(start[which], 2, torch.randint(m, (draws, prompts, m), generator=generator))  # (D, P, M)
+    rates = win_rate(drawn_candidate, drawn_start)  # (D,)
+    tail = (1 - confidence) / 2
+    low, high = torch.quantile(rates, torch.tensor([tail, 1 - tail], dtype=rates.dtype))
+    return low.item(), high.item()
+
+
+def by_prompt(values: list[float], prompts: int) -> torch.Tensor:
+    """Values of answers grouped by prompt, in prompt order, the same count each, as (P, N)."""
+    return torch.tensor(values, dtype=torch.float64).reshape(prompts, -1)
+
+
+def predict(candidate: list[float], start: list[float], prompts: int, answers: list[Generated], kl_to_v0: float,
+            confidence: float, draws: int, seed: int) -> Prediction:
+    """A candidate's Prediction from the conservative rewards of its answers and of the start's (grouped by prompt)."""
+    ours, theirs = by_prompt(candidate, prompts), by_prompt(start, prompts)
+    low, high = bootstrap_interval(ours, theirs, confidence, draws, torch.Generator().manual_seed(seed))
+    return Prediction(win_rate(ours, theirs).item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
+                      sum(candidate) / len(candidate), prompts, len(answers))
+
+
+def choose(predictions: list[Prediction], kl_budget: float, confident: bool = True) -> tuple[int | None, list[str]]:
+    """Which candidate a round registers, by index, and each candidate's verdict in words. A candidate may be registered
+    when its KL to v0 is within kl_budget (0: no budget) and, if `confident`, its whole interval lies above 50%; of
+    those, the one with the highest predicted win rate is. None when no candidate may."""
+    verdicts, eligible = [], []
+    for i, p in enumerate(predictions):
+        if kl_budget and p.kl_to_v0 > kl_budget:
+            verdicts.append(f"over the KL budget: {p.kl_to_v0:.1f} nats from v0, [round] kl_budget {kl_budget:g}")
+        elif confident and p.low <= 0.5:
+            verdicts.append(f"not predicted better than the start with confidence: {_figures(p)}")
+        else:
+            verdicts.append("")
+            eligible.append(i)
+    chosen = max(eligible, key=lambda i: predictions[i].win_rate, default=None)
+    for i in eligible:
+        verdicts[i] = f"registered, rated best: {_figures(predictions[i])}" if i == chosen else f"rated below another: {_figures(predictions[i])}"
+    return chosen, verdicts
+
+
+def _figures(p: Prediction) -> str:
+    return f"{p.win_rate:.0%} [{p.low:.0%}, {p.high:.0%}] over the start"
