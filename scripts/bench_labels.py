@@ -47,7 +47,7 @@ from ui.owner.config import load_config, write_config  # noqa: E402  (the reposi
 
 ARMS = ("today", "new", "dpo", "plain", "half")
 JUDGES = ("concise", "direct", "polite")
-STAGES = ("votes", "more pairs", "reward model", "DPO", "PPO", "GRPO", "predictor", "completions", "evaluation")
+STAGES = ("votes", "more pairs", "reward model", "DPO", "PPO", "GRPO", "predictor", "completions", "evaluation", "judging candidates")
 
 
 def today(config):
@@ -201,10 +201,11 @@ def print_loops(loops: dict[str, list[dict]]) -> None:
         last = [figures[-1]["win_rate"] for _, figures in members]
         below = [f"{name} round {r['round']}" for name, figures in members for r in figures
                  if r.get("registered", True) and r.get("over_start_high", 1.0) < 0.5]
-        wall = [sum(r["seconds"] for r in figures) for _, figures in members]
+        # A loop's own time: what judging candidates beyond the served one cost is the benchmark's, not the loop's.
+        wall = [sum(r["seconds"] - r["stages"].get("judging candidates", 0) for r in figures) for _, figures in members]
         print(f"{group}: {len(members)} loops, last round over v0: mean {statistics.mean(last):.1%}, worst {min(last):.1%} "
               f"({', '.join(f'{x:.1%}' for x in last)}); served versions wholly below their start: {', '.join(below) or 'none'}; "
-              f"wall per loop {', '.join(f'{w:.0f} s' for w in wall)}")
+              f"wall per loop with its evaluations {', '.join(f'{w:.0f} s' for w in wall)}")
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

@@ -5,14 +5,20 @@ most one. Which one, and whether any, is decided before anyone sees its answers:
 1. sample: the start and every candidate answer the same prompts, held back from training (none of
    them trained on these prompts), `answers` times each, each policy with the same seed, so that
    two alike policies give alike answers and their difference is not drowned in sampling noise;
-2. score: every answer's conservative reward, the reward model's heads' mean less
-   `uncertainty_penalty` times their spread, as PPO optimises it;
+2. score: every answer by each of the reward model's heads (draws from its posterior, or an
+   ensemble), normalised;
 3. compare: the candidate's win rate over the start is the share of (candidate answer, start
-   answer) pairs to the same prompt whose reward is higher, ties half, averaged over prompts: what
-   a judge's win rate over the start measures, with the reward model for the judge;
-4. interval: the win rate's `confidence` interval by a two-level bootstrap, the prompts drawn
-   again, then each prompt's answers of both policies, so that a few prompts do not pass for many;
+   answer) pairs to the same prompt whose reward, the heads' mean, is higher, ties half, averaged
+   over prompts: what a judge's win rate over the start measures, with the reward model for judge;
+4. interval: the win rate's `confidence` interval by a bootstrap that draws the prompts again, then
+   each prompt's answers of both policies, and one head: so that neither a few prompts nor a reward
+   model the votes leave unsure of passes for certainty;
 5. KL: each candidate's KL to the starting model v0 on its own answers, for [round] kl_budget.
+
+Not the conservative reward (the mean less the heads' spread) that PPO optimises: it marks down
+every answer the reward model is unsure of, and a candidate's answers are the more unusual the
+further it moved, so it rated every candidate that moved below its start whatever the judge found
+(scripts/BENCHMARKS.md). The spread belongs in the interval, which it widens, not in the estimate.
 """
 
 from dataclasses import dataclass
@@ -20,8 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from train.generate import Generated
-
-Messages = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Prediction:
     high: float
     kl_to_v0: float  # KL(candidate || v0) on its own answers, nats per answer
     ended: float  # share of its answers that ended before the length limit
-    mean_reward: float  # its answers' mean conservative reward
+    mean_reward: float  # its answers' mean reward
     prompts: int
     answers: int  # of the candidate, as many of the start's
 
@@ -48,30 +52,30 @@ def win_rate(candidate: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
 
 def bootstrap_interval(candidate: torch.Tensor, start: torch.Tensor, confidence: float, draws: int,
                        generator: torch.Generator) -> tuple[float, float]:
-    """The central `confidence` interval of win_rate over `draws` two-level bootstrap draws: P prompts drawn with
-    replacement, then within each drawn prompt its N candidate answers and M start answers, each with replacement."""
-    prompts, n, m = candidate.shape[0], candidate.shape[1], start.shape[1]
+    """The central `confidence` interval of win_rate over `draws` bootstrap draws of (P, N, K) and (P, M, K) head
+    scores: P prompts drawn with replacement, within each drawn prompt its N candidate answers and M start answers,
+    each with replacement, and one of the K heads for the whole draw."""
+    prompts, n, m, heads = candidate.shape[0], candidate.shape[1], start.shape[1], candidate.shape[2]
     which = torch.randint(prompts, (draws, prompts), generator=generator)  # (D, P)
-    drawn_candidate = torch.gather(candidate[which], 2, torch.randint(n, (draws, prompts, n), generator=generator))  # (D, P, N)
-    drawn_start = torch.gather(start[which], 2, torch.randint(m, (draws, prompts, m), generator=generator))  # (D, P, M)
-    rates = win_rate(drawn_candidate, drawn_start)  # (D,)
+    head = torch.randint(heads, (draws, 1, 1), generator=generator)  # (D, 1, 1)
+    ours = candidate[which].gather(3, head[..., None].expand(-1, prompts, n, 1))[..., 0]  # (D, P, N) under the drawn head
+    theirs = start[which].gather(3, head[..., None].expand(-1, prompts, m, 1))[..., 0]  # (D, P, M)
+    ours = ours.gather(2, torch.randint(n, (draws, prompts, n), generator=generator))
+    theirs = theirs.gather(2, torch.randint(m, (draws, prompts, m), generator=generator))
+    rates = win_rate(ours, theirs)  # (D,)
     tail = (1 - confidence) / 2
     low, high = torch.quantile(rates, torch.tensor([tail, 1 - tail], dtype=rates.dtype))
     return low.item(), high.item()
 
 
-def by_prompt(values: list[float], prompts: int) -> torch.Tensor:
-    """Values of answers grouped by prompt, in prompt order, the same count each, as (P, N)."""
-    return torch.tensor(values, dtype=torch.float64).reshape(prompts, -1)
-
-
-def predict(candidate: list[float], start: list[float], prompts: int, answers: list[Generated], kl_to_v0: float,
-            confidence: float, draws: int, seed: int) -> Prediction:
-    """A candidate's Prediction from the conservative rewards of its answers and of the start's (grouped by prompt)."""
-    ours, theirs = by_prompt(candidate, prompts), by_prompt(start, prompts)
-    low, high = bootstrap_interval(ours, theirs, confidence, draws, torch.Generator().manual_seed(seed))
-    return Prediction(win_rate(ours, theirs).item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
-                      sum(candidate) / len(candidate), prompts, len(answers))
+def predict(candidate: torch.Tensor, start: torch.Tensor, answers: list[Generated], kl_to_v0: float, confidence: float, draws: int,
+            seed: int) -> Prediction:
+    """A candidate's Prediction from the (P, N, K) normalised head scores of its answers and the (P, M, K) of the start's,
+    grouped by prompt; `answers` are the candidate's."""
+    low, high = bootstrap_interval(candidate, start, confidence, draws, torch.Generator().manual_seed(seed))
+    reward = candidate.mean(dim=-1)
+    return Prediction(win_rate(reward, start.mean(dim=-1)).item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
+                      reward.mean().item(), candidate.shape[0], len(answers))
 
 
 def choose(predictions: list[Prediction], kl_budget: float, confident: bool = True) -> tuple[int | None, list[str]]:

@@ -322,17 +322,24 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
         del model  # one policy's base at a time
     asked = [prompts[a.prompt_index] for group in answers for a in group]
     raw = torch.tensor([heads for _, heads in _scores(config, asked, [a.text for group in answers for a in group])], dtype=torch.float64)
-    reward, spread = reward_and_uncertainty(read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw))
-    conservative = (reward - config["uncertainty_penalty"] * spread).reshape(len(adapters), -1).tolist()
+    normalised = read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw)  # (policies x P x N, K)
+    reward, spread = reward_and_uncertainty(normalised)
+    policies = [None] + [c["job"] for c in config["candidates"]]  # None: the start
+    pq.write_table(pa.Table.from_pylist([  # what the predictor saw, to read again
+        {"job": policies[i // (len(prompts) * generation.per_prompt)], "prompt_index": a.prompt_index, "text": a.text,
+         "finished": a.finished, "reward": r, "uncertainty": u, "heads": h}
+        for i, (a, r, u, h) in enumerate(zip([a for group in answers for a in group], reward.tolist(), spread.tolist(), normalised.tolist()))
+    ]), job_dir / "answers.parquet")
+    scores = normalised.reshape(len(adapters), len(prompts), generation.per_prompt, -1)  # (policies, P, N, K)
     predictions = [
-        {"job": candidate["job"]} | dataclasses.asdict(predict(conservative[i], conservative[0], len(prompts), answers[i], kls[i],
-                                                               config["confidence"], config["draws"], config["seed"]))
+        {"job": candidate["job"]} | dataclasses.asdict(predict(scores[i], scores[0], answers[i], kls[i], config["confidence"],
+                                                               config["draws"], config["seed"]))
         for i, candidate in enumerate(config["candidates"], start=1)
     ]
     events.emit("progress", progress=1.0)
     start = answers[0]
-    return {"predictions": predictions, "start": {"ended": sum(a.finished for a in start) / len(start),
-                                                  "mean_reward": sum(conservative[0]) / len(start)}}
+    return {"predictions": predictions, "answers": "answers.parquet",
+            "start": {"ended": sum(a.finished for a in start) / len(start), "mean_reward": scores[0].mean().item()}}
 
 
 def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:

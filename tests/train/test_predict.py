@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from train.predict import Prediction, bootstrap_interval, choose, win_rate
+from train.generate import Generated
+from train.predict import Prediction, bootstrap_interval, choose, predict, win_rate
 
 
 def test_the_win_rate_is_each_prompts_share_of_won_answer_pairs_ties_half_averaged_over_prompts():
@@ -18,12 +19,12 @@ def test_the_win_rate_is_each_prompts_share_of_won_answer_pairs_ties_half_averag
 
 def test_the_interval_holds_the_win_rate_narrows_with_more_answers_and_is_the_same_for_the_same_seed():
     torch.manual_seed(0)
-    few_candidate, few_start = torch.randn(4, 3, dtype=torch.float64) + 0.5, torch.randn(4, 3, dtype=torch.float64)
-    many_candidate, many_start = torch.randn(32, 8, dtype=torch.float64) + 0.5, torch.randn(32, 8, dtype=torch.float64)
+    few_candidate, few_start = torch.randn(4, 3, 1, dtype=torch.float64) + 0.5, torch.randn(4, 3, 1, dtype=torch.float64)
+    many_candidate, many_start = torch.randn(32, 8, 1, dtype=torch.float64) + 0.5, torch.randn(32, 8, 1, dtype=torch.float64)
     few = bootstrap_interval(few_candidate, few_start, 0.8, 2000, torch.Generator().manual_seed(1))
     many = bootstrap_interval(many_candidate, many_start, 0.8, 2000, torch.Generator().manual_seed(1))
-    assert few[0] < win_rate(few_candidate, few_start).item() < few[1]
-    assert many[0] < win_rate(many_candidate, many_start).item() < many[1]
+    assert few[0] < win_rate(few_candidate[..., 0], few_start[..., 0]).item() < few[1]
+    assert many[0] < win_rate(many_candidate[..., 0], many_start[..., 0]).item() < many[1]
     assert many[1] - many[0] < 0.5 * (few[1] - few[0])
     assert many[0] > 0.5  # half a standard deviation better, on 32 prompts of 8 answers: clear of a coin
     assert bootstrap_interval(few_candidate, few_start, 0.8, 2000, torch.Generator().manual_seed(1)) == few
@@ -31,11 +32,24 @@ def test_the_interval_holds_the_win_rate_narrows_with_more_answers_and_is_the_sa
 
 def test_the_interval_counts_the_prompts_not_only_the_answers():
     """Answers to one prompt are alike: a candidate better on half the prompts and worse on the rest is no better."""
-    start = torch.zeros(6, 8, dtype=torch.float64)
-    candidate = torch.tensor([[1.0] * 8] * 4 + [[-1.0] * 8] * 2, dtype=torch.float64)  # wins every pair on 4 of 6 prompts
+    start = torch.zeros(6, 8, 1, dtype=torch.float64)
+    candidate = torch.tensor([[[1.0]] * 8] * 4 + [[[-1.0]] * 8] * 2, dtype=torch.float64)  # wins every pair on 4 of 6 prompts
     low, high = bootstrap_interval(candidate, start, 0.8, 4000, torch.Generator().manual_seed(0))
-    assert win_rate(candidate, start).item() == pytest.approx(4 / 6)
+    assert win_rate(candidate[..., 0], start[..., 0]).item() == pytest.approx(4 / 6)
     assert low < 0.5 < high  # six prompts cannot tell 4 in 6 from a coin
+
+
+def test_the_interval_counts_the_reward_models_doubt_and_the_estimate_its_mean_head():
+    """Two heads that disagree on the candidate: the win rate is the mean head's, and the interval spans both heads'."""
+    torch.manual_seed(0)
+    start = torch.randn(16, 8, 1, dtype=torch.float64).expand(-1, -1, 2)
+    candidate = torch.randn(16, 8, 1, dtype=torch.float64) + torch.tensor([1.0, -0.6], dtype=torch.float64)  # head 0 likes it
+    answers = [Generated(i // 8, "a", 5, i % 2 == 0) for i in range(128)]
+    prediction = predict(candidate, start, answers, 2.0, 0.8, 2000, 0)
+    assert prediction.win_rate == pytest.approx(win_rate(candidate.mean(-1), start.mean(-1)).item())
+    sure = predict(candidate[..., :1], start[..., :1], answers, 2.0, 0.8, 2000, 0)  # head 0 alone
+    assert prediction.low < 0.5 < sure.low and prediction.high >= sure.high - 0.02
+    assert (prediction.prompts, prediction.answers, prediction.ended, prediction.kl_to_v0) == (16, 128, 0.5, 2.0)
 
 
 def prediction(win_rate: float, low: float, high: float, kl: float = 1.0) -> Prediction:

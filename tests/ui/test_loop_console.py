@@ -1,5 +1,6 @@
 """The operator's loop console: rounds started, watched, cancelled and scheduled through a real app server."""
 
+import re
 import time
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -73,7 +74,7 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         assert candidates["visible"] and candidates["label"] == "Candidates of round 1, from v0"
         [candidate] = [dict(zip(candidates["value"]["headers"], row)) for row in candidates["value"]["data"]]
         assert candidate["optimiser"] == "PPO" and candidate["verdict"].startswith("registered, rated best: ")
-        assert newest["candidates, predicted win rate over the start"].startswith("PPO x1: ") and "registered" in newest["candidates, predicted win rate over the start"]
+        assert re.fullmatch(r"PPO \d+% \[\d+%, \d+%\] registered", newest["candidates, predicted win rate over the start"])
         assert warnings.startswith("reward model v1: a head on the base's frozen features (kind \"head\"); it does not steer the loop yet")
         assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
         assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended

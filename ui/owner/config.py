@@ -165,10 +165,12 @@ class RoundConfig:
                           "its optimiser, and PPO stops at the first step whose responses are further. 0: no budget."},
     )
     candidates: int = field(
-        default=3,
-        metadata={"help": "Policies a round trains from its start, each with its own seed, by the optimiser the round runs. "
-                          "The predictor rates each against the start and the round registers the one it rates best, or "
-                          "none where none is predicted better with confidence (its votes then carry over)."},
+        default=2,
+        metadata={"help": "Policies a round trains from its start, each with its own seed: the first by the optimiser the "
+                          "round runs, the others by DPO, the cheapest. The predictor rates each against the start and "
+                          "the round registers the one it rates best, or none where none is predicted better with "
+                          "confidence (its votes then carry over). 2 keeps three rounds of 96 votes with their "
+                          "evaluations within 45 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,
@@ -178,14 +180,14 @@ class RoundConfig:
     predictor_answers: int = field(
         default=8,
         metadata={"help": "Answers of the start and of each candidate to each of the predictor's prompts. The predicted win "
-                          "rate is the share of pairs of answers to the same prompt whose conservative reward ([ppo] "
-                          "uncertainty_penalty) is the candidate's."},
+                          "rate is the share of pairs of answers to the same prompt where the reward model scores the "
+                          "candidate's higher."},
     )
     predictor_confidence: float = field(
         default=0.8,
-        metadata={"help": "Level of the predicted win rate's interval (a bootstrap over the prompts and their answers). A "
-                          "candidate is registered only if its whole interval lies above 50%: at 0.8, its win rate is "
-                          "above 50% with 90% confidence."},
+        metadata={"help": "Level of the predicted win rate's interval (a bootstrap over the prompts, their answers and the "
+                          "reward model's heads). A candidate is registered only if its whole interval lies above 50%: at "
+                          "0.8, its win rate is above 50% with 90% confidence."},
     )
     register: str = field(
         default="confident",

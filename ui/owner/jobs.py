@@ -750,7 +750,6 @@ def submit_prediction(project: Project, run: Run, round_: Round, candidates: lis
         "start_version": start.version,
         "start_adapter_path": str(project.root / start.adapter_path) if start.adapter_path else None,
         "candidates": [{"job": c.job, "adapter_path": str(job_dir(project, c.job) / "policy")} for c in candidates],
-        "uncertainty_penalty": project.config.ppo.uncertainty_penalty,
         "confidence": settings.predictor_confidence,
         "draws": PREDICTOR_DRAWS,
         "seed": round_.id,

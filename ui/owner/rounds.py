@@ -33,13 +33,15 @@ from store.completions import completions_of, paired_texts
 from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
-from store.rounds import Candidate, Round, add_candidate, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice
+from store.rounds import (
+    Candidate, Round, add_candidate, add_note, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice,
+)
 from store.stats import version_games, version_votes
 from train.files import built_beside
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
-    Run, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
+    JobError, Run, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
     submit_ppo, submit_prediction, submit_reward_training, trust_status,
 )
 from ui.owner.project import Project
@@ -59,7 +61,8 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     2. its reward model: trained on every vote so far, unless given a version; where the votes hold nothing the newest
        version has not trained on, with the same settings, that version is reused, and the round says so;
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
-    4. its candidates: [round] candidates policies from the start, each with its own seed (advance_round);
+    4. its candidates: [round] candidates policies from the start, each with its own seed, the first by the round's
+       optimiser and the others by DPO (advance_round);
     5. the predictor: each candidate's win rate over the start by the reward model (submit_prediction), and the one
        rated best with confidence registered as the next version, or none (ingest_prediction);
     6. its pairs: completions of the new version against the start's on the held-back prompts, for people to judge.
@@ -109,15 +112,16 @@ def _after_reward_model(project: Project, run: Run, round_: Round) -> Job:
 
 
 def _submit_candidate(project: Project, run: Run, round_: Round, number: int) -> Job:
-    """Candidate `number` (from 0) of the round: its optimiser from the round's start, with that candidate's seed."""
-    if round_.optimizer == "dpo":
-        # Chosen by 'auto' because the reward model does not steer: DPO on the votes alone.
-        pairs = "human" if _chosen_by_auto(round_) else None
+    """Candidate `number` (from 0) of the round, from the round's start with that candidate's seed: the first by the
+    round's optimiser, the others by DPO, the cheapest, so that a PPO or GRPO round has an alternative at little cost."""
+    optimizer = round_.optimizer if number == 0 else "dpo"
+    if optimizer == "dpo":
+        # DPO on the votes alone where 'auto' chose it (the reward model does not steer), or beside another optimiser.
+        pairs = "human" if round_.optimizer != "dpo" or _chosen_by_auto(round_) else None
         job = submit_dpo(project, run, round_.reward_version, round_.policy_from, round_.id, pairs=pairs, candidate=number)
     else:
-        job = SUBMIT_WITH_REWARD_MODEL[round_.optimizer](project, run, round_.reward_version, round_.policy_from, round_.id, candidate=number)
-    settings = job.config[round_.optimizer]
-    run(add_candidate, round_.id, job.id, round_.optimizer, settings["seed"])
+        job = SUBMIT_WITH_REWARD_MODEL[optimizer](project, run, round_.reward_version, round_.policy_from, round_.id, candidate=number)
+    run(add_candidate, round_.id, job.id, optimizer, job.config[optimizer]["seed"])
     return job
 
 
@@ -150,7 +154,10 @@ def advance_round(project: Project, run: Run, job: Job) -> Job | None:
         if job.kind in POLICY_JOBS:
             candidates = run(round_candidates, round_.id)
             if len(candidates) < project.config.round.candidates:
-                return _submit_candidate(project, run, round_, len(candidates))
+                try:
+                    return _submit_candidate(project, run, round_, len(candidates))
+                except JobError as e:  # DPO beside PPO, with no vote the start has not learnt: the candidates so far
+                    run(add_note, round_.id, f"{len(candidates)} of [round] candidates = {project.config.round.candidates} trained: {e}")
             return submit_prediction(project, run, round_, candidates)
         if job.kind == "predict" and round_.policy_to is not None:
             missing = [p for p in _held_back(project, run, round_.policy_from) if p.completions < project.config.round.per_prompt]
@@ -522,9 +529,9 @@ def candidates_text(candidates: list[Candidate]) -> str:
         return ""
     if all(c.win_rate is None for c in candidates):
         return f"{len(candidates)} trained, not yet rated"
-    shown = [f"{c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]" + (" registered" if c.chosen else "") for c in candidates if c.win_rate is not None]
-    verdict = "" if any(c.chosen for c in candidates) else "; none registered"
-    return f"{candidates[0].optimizer.upper()} x{len(candidates)}: " + ", ".join(shown) + verdict
+    shown = [f"{c.optimizer.upper()} {c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]" + (" registered" if c.chosen else "")
+             for c in candidates if c.win_rate is not None]
+    return ", ".join(shown) + ("" if any(c.chosen for c in candidates) else "; none registered")
 
 
 def _chosen_by_auto(round_: Round) -> bool:

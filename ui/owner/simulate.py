@@ -93,9 +93,11 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         served = round_.policy_to if round_.policy_to is not None else round_.policy_from
         answers, kl = answers_of(served)
         start_answers = answers_of(round_.policy_from)[0]
-        candidates = _judged_candidates(project, sim, round_, start_answers, answers, evaluated)
         follows = None if round_.reward_version is None else reward_model_follows_judge(project, round_.reward_version, sim.judge, prompts, answers)
         seconds["evaluation"] += time.monotonic() - clock
+        clock = time.monotonic()
+        candidates = _judged_candidates(project, sim, round_, start_answers, answers)
+        seconds["judging candidates"] += time.monotonic() - clock
         summary = round_summary(project.run, round_.id)
         over_v0 = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
         over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(start_answers))
@@ -136,8 +138,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         say(line)
 
 
-def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_answers: list, registered_answers: list,
-                       evaluated: dict[int, tuple[list, float]]) -> list[dict]:
+def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_answers: list, registered_answers: list) -> list[dict]:
     """The round's candidates with the predictor's figures and the judge's win rate over the round's start on the
     evaluation prompts: the registered one's from its answers, and the one the predictor rated best where none was
     registered (what the round would have served without the predictor); every one's with sim.judge_candidates."""
