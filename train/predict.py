@@ -8,8 +8,9 @@ most one. Which one, and whether any, is decided before anyone sees its answers:
 2. score: every answer by each of the reward model's heads (draws from its posterior, or an
    ensemble), normalised;
 3. compare: the candidate's win rate over the start is the share of (candidate answer, start
-   answer) pairs to the same prompt whose reward, the heads' mean, is higher, ties half, averaged
-   over prompts: what a judge's win rate over the start measures, with the reward model for judge;
+   answer) pairs to the same prompt that the candidate's answer wins, ties half, averaged over
+   prompts, and over the heads: what a judge's win rate over the start measures, with each of the
+   reward model's heads for judge in turn, so that a win the heads disagree on counts less;
 4. interval: the win rate's `confidence` interval by a bootstrap that draws the prompts again, then
    each prompt's answers of both policies, and one head: so that neither a few prompts nor a reward
    model the votes leave unsure of passes for certainty;
@@ -18,7 +19,8 @@ most one. Which one, and whether any, is decided before anyone sees its answers:
 Not the conservative reward (the mean less the heads' spread) that PPO optimises: it marks down
 every answer the reward model is unsure of, and a candidate's answers are the more unusual the
 further it moved, so it rated every candidate that moved below its start whatever the judge found
-(scripts/BENCHMARKS.md). The spread belongs in the interval, which it widens, not in the estimate.
+(scripts/BENCHMARKS.md). Nor the heads' mean alone, whose win rate ignores their doubt and fell
+outside the interval the heads give. The estimate is the mean over heads, which the interval holds.
 """
 
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ class Prediction:
     high: float
     kl_to_v0: float  # KL(candidate || v0) on its own answers, nats per answer
     ended: float  # share of its answers that ended before the length limit
-    mean_reward: float  # its answers' mean reward
+    mean_reward: float  # its answers' mean reward, the heads' mean
     prompts: int
     answers: int  # of the candidate, as many of the start's
 
@@ -73,9 +75,9 @@ def predict(candidate: torch.Tensor, start: torch.Tensor, answers: list[Generate
     """A candidate's Prediction from the (P, N, K) normalised head scores of its answers and the (P, M, K) of the start's,
     grouped by prompt; `answers` are the candidate's."""
     low, high = bootstrap_interval(candidate, start, confidence, draws, torch.Generator().manual_seed(seed))
-    reward = candidate.mean(dim=-1)
-    return Prediction(win_rate(reward, start.mean(dim=-1)).item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
-                      reward.mean().item(), candidate.shape[0], len(answers))
+    by_head = win_rate(candidate.movedim(-1, 0), start.movedim(-1, 0))  # (K,)
+    return Prediction(by_head.mean().item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
+                      candidate.mean().item(), candidate.shape[0], len(answers))
 
 
 def choose(predictions: list[Prediction], kl_budget: float, confident: bool = True) -> tuple[int | None, list[str]]:

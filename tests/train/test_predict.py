@@ -39,14 +39,16 @@ def test_the_interval_counts_the_prompts_not_only_the_answers():
     assert low < 0.5 < high  # six prompts cannot tell 4 in 6 from a coin
 
 
-def test_the_interval_counts_the_reward_models_doubt_and_the_estimate_its_mean_head():
-    """Two heads that disagree on the candidate: the win rate is the mean head's, and the interval spans both heads'."""
+def test_the_interval_counts_the_reward_models_doubt_and_the_estimate_is_the_heads_mean_win_rate():
+    """Two heads that disagree on the candidate: the win rate is the mean of each head's, and the interval spans both."""
     torch.manual_seed(0)
     start = torch.randn(16, 8, 1, dtype=torch.float64).expand(-1, -1, 2)
     candidate = torch.randn(16, 8, 1, dtype=torch.float64) + torch.tensor([1.0, -0.6], dtype=torch.float64)  # head 0 likes it
     answers = [Generated(i // 8, "a", 5, i % 2 == 0) for i in range(128)]
     prediction = predict(candidate, start, answers, 2.0, 0.8, 2000, 0)
-    assert prediction.win_rate == pytest.approx(win_rate(candidate.mean(-1), start.mean(-1)).item())
+    each = [win_rate(candidate[..., k], start[..., k]).item() for k in range(2)]
+    assert each[0] > 0.6 > 0.45 > each[1] and prediction.win_rate == pytest.approx(sum(each) / 2)
+    assert prediction.low < prediction.win_rate < prediction.high
     sure = predict(candidate[..., :1], start[..., :1], answers, 2.0, 0.8, 2000, 0)  # head 0 alone
     assert prediction.low < 0.5 < sure.low and prediction.high >= sure.high - 0.02
     assert (prediction.prompts, prediction.answers, prediction.ended, prediction.kl_to_v0) == (16, 128, 0.5, 2.0)

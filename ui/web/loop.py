@@ -212,11 +212,13 @@ def loop_view(server: Server, shown_round: int | None) -> tuple:
     return (table, settings, scores, warnings, choice, _samples(server, shown), _candidates(shown), reward_choices, *_plots(server, shown))
 
 
-def _curves_job(summary: RoundSummary) -> int | None:
-    """The training job whose curves stand for a round: the candidate it registered, else the one the predictor rated
-    best, else its first; a round from before candidates, its one policy job."""
-    rated = sorted((c for c in summary.candidates if c.win_rate is not None), key=lambda c: -c.win_rate)
-    return summary.policy_job or next((c.job for c in rated), summary.candidates[0].job if summary.candidates else None)
+def _curves_job(summary: RoundSummary) -> tuple[int, str] | None:
+    """The training job whose curves stand for a round, and its optimiser: the candidate it registered, else the one the
+    predictor rated best, else its first; a round from before candidates, its one policy job."""
+    if summary.policy_job is not None:
+        return summary.policy_job, summary.optimizer
+    rated = sorted(summary.candidates, key=lambda c: -1 if c.win_rate is None else -c.win_rate)
+    return (rated[0].job, rated[0].optimizer) if rated else None
 
 
 def _candidates(shown: RoundSummary | None) -> dict:
@@ -230,8 +232,9 @@ def _candidates(shown: RoundSummary | None) -> dict:
 
 def _plots(server: Server, shown: RoundSummary | None) -> list[dict]:
     """The shown round's optimiser's curves, one plot each; the plots left over are hidden."""
-    curves = CURVES[shown.round.optimizer] if shown else {}
-    steps = _steps(server, _curves_job(shown), list(curves)) if shown else pd.DataFrame()
+    job, optimizer = _curves_job(shown) if shown else (None, None)
+    curves = CURVES[optimizer] if shown else {}
+    steps = _steps(server, job, list(curves)) if shown else pd.DataFrame()
     plots = [gr.update(value=steps[["step", name]].rename(columns={name: "value"}), label=title, visible=True)
              for name, title in curves.items()]
     return plots + [gr.update(value=pd.DataFrame(columns=["step", "value"]), visible=False)] * (PLOTS - len(plots))
@@ -254,8 +257,9 @@ def _samples(server: Server, shown: RoundSummary | None) -> dict:
     that names it. Only PPO logs samples: for a DPO or GRPO round, or before PPO's first step, the table is hidden."""
     if shown is None:
         return gr.update(value=[], visible=False)
-    events = read_events(job_dir(server.project, _curves_job(shown)), 0)[0]
+    job, optimizer = _curves_job(shown)
+    events = read_events(job_dir(server.project, job), 0)[0]
     latest = next((e for e in reversed(events) if "samples" in e), None)
     rows = [[latest["step"], s["prompt"], s["response"], rounded(s["score"], 3)] for s in latest["samples"]] if latest else []
-    label = f"Responses sampled at {STAGES[shown.round.optimizer]}'s latest step, round {shown.round.id}"
+    label = f"Responses sampled at {STAGES[optimizer]}'s latest step, round {shown.round.id}"
     return gr.update(value=rows, label=label, visible=bool(rows))
