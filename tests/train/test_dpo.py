@@ -122,7 +122,7 @@ def test_pairs_too_long_are_left_out_and_counted(tiny_model_dir, tmp_path):
     assert (result["pairs"], result["pairs_too_long"]) == (len(ROWS), 1)
 
 
-def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_model(tiny_project, tiny_model_dir):
+def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_the_predictors_figures(tiny_project, tiny_model_dir):
     from contextlib import closing
 
     from peft import PeftModel
@@ -138,16 +138,19 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_no_reward_mo
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
     # Votes from one annotator: no pair has two votes, so robust DPO takes the least flip rate the prior allows.
-    assert done.stdout.startswith(f"round 1: policy v1 from v0; robust DPO (label_smoothing {flip_rate([]).low:.2f}) on ")
+    assert done.stdout.startswith("round 1: policy v1 from v0; candidate 1 of 1 (job 3) registered as v1: predicted win rate over v0 ")
+    assert f"; robust DPO (label_smoothing {flip_rate([]).low:.2f}) on " in done.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
         round_ = con.execute("SELECT status, reward_version, policy_to FROM rounds WHERE id = 1").fetchone()
-        metrics = {name for (name,) in con.execute("SELECT DISTINCT name FROM metrics WHERE job_id = ?", [jobs[0][0]]).fetchall()}
+        metrics = {name for (name,) in con.execute("SELECT DISTINCT name FROM metrics WHERE job_id = ?", [jobs[1][0]]).fetchall()}
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
-    assert [(kind, status) for _, kind, status in jobs] == [("dpo", "done"), ("generate", "done")]
-    assert round_ == ("done", None, 1)
+        candidate = con.execute("SELECT job, optimizer, chosen FROM candidates WHERE round = 1").fetchall()
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"), ("generate", "done")]
+    assert round_ == ("done", 1, 1)  # the reward model trains for the predictor, though DPO learns from the votes alone
+    assert candidate == [(jobs[1][0], "dpo", True)]
     assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs"} <= metrics
-    trained_on = read_parquet(tiny_project / "jobs" / str(jobs[0][0]) / "inputs" / "preferences.parquet")
+    trained_on = read_parquet(tiny_project / "jobs" / str(jobs[1][0]) / "inputs" / "preferences.parquet")
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         prompts = {pid for (pid,) in con.execute(
@@ -274,7 +277,7 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
         dpo_job = jobs[1][0]
         metrics = dict(con.execute("SELECT name, value FROM metrics WHERE job_id = ? AND name LIKE 'pairs%'", [dpo_job]).fetchall())
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
-    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("generate", "done")]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"), ("generate", "done")]
     assert round_ == ("done", 1, 1)
     human = len(read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "preferences.parquet"))
     assert metrics["pairs_human"] == human > 0 and 0 < metrics["pairs_reward_model"] <= 6

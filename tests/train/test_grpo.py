@@ -43,7 +43,8 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
 
     done = run_tether("round", "--optimizer", "grpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("round 1: policy v1 from v0; reward model v1 held-out accuracy"), done.stdout
+    assert done.stdout.startswith("round 1: policy v1 from v0; candidate 1 of 1 (job 3) registered as v1"), done.stdout
+    assert "; reward model v1 held-out accuracy" in done.stdout
     assert "GRPO 2 steps" in done.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         jobs = con.execute("SELECT id, kind, status FROM jobs WHERE round = 1 ORDER BY id").fetchall()
@@ -51,7 +52,7 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
         grpo_job = jobs[1][0]
         metrics = con.execute("SELECT name, count(*) FROM metrics WHERE job_id = ? GROUP BY name", [grpo_job]).fetchall()
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
-    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("grpo", "done"), ("generate", "done")]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("grpo", "done"), ("predict", "done"), ("generate", "done")]
     assert round_ == ("done", 1, 1, "grpo")
     assert {name: count for name, count in metrics if name in ("score", "score_std", "kl_per_token", "response_length", "clip_ratio")} == {
         "score": 2, "score_std": 2, "kl_per_token": 2, "response_length": 2, "clip_ratio": 2}

@@ -64,7 +64,7 @@ def test_rm_train_registers_a_lora_version_with_its_snapshot_and_metrics(tiny_pr
 
     evaluated = run_tether("rm", "eval", "--data", str(tmp_path / "prefs.jsonl"), "--project", str(tiny_project))
     assert evaluated.returncode == 0, evaluated.stderr
-    assert "reward model v1 on" in evaluated.stdout and "over 40 pairs" in evaluated.stdout
+    assert "reward model v1 on" in evaluated.stdout and "of 40 pairs" in evaluated.stdout
 
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     # v1 has not yet predicted votes it never saw, so by default ([reward_model] trust = "once_proven") the
@@ -338,7 +338,7 @@ def test_rm_train_fits_a_head_on_features_read_once_measures_the_last_head_on_ne
     assert (v3["features_read"], v3["new_votes_from"], v3["new_votes_pairs"]) == (0, 1, 20)
 
     evaluated = run_tether("rm", "eval", "--data", str(tmp_path / "more.jsonl"), "--project", str(tiny_project))
-    assert evaluated.returncode == 0 and "reward model v3 on" in evaluated.stdout and "over 20 pairs" in evaluated.stdout
+    assert evaluated.returncode == 0 and "reward model v3 on" in evaluated.stdout and "of 20 pairs" in evaluated.stdout
 
     # Trusted from the first version, the 'active' queue samples 4 answers for each pair wanted, and the head's 4
     # posterior draws pick the two they disagree on most.
