@@ -126,8 +126,8 @@ class Candidate:
 
     round: int
     job: int
-    optimizer: str
-    seed: int
+    optimizer: str  # ppo, dpo, grpo, or AVERAGE: the candidates' average, made by the predict job (`job`)
+    seed: int | None  # None for the average
     win_rate: float | None  # predicted over the round's start
     low: float | None
     high: float | None
@@ -141,7 +141,10 @@ class Candidate:
 _CANDIDATE_COLUMNS = "round, job, optimizer, seed, win_rate, low, high, kl_to_v0, ended, answers, chosen, verdict"
 
 
-def add_candidate(con: Connection, round_id: int, job: int, optimizer: str, seed: int) -> None:
+AVERAGE = "average"
+
+
+def add_candidate(con: Connection, round_id: int, job: int, optimizer: str, seed: int | None) -> None:
     con.execute("INSERT INTO candidates (round, job, optimizer, seed) VALUES (?, ?, ?, ?)", [round_id, job, optimizer, seed])
 
 

@@ -248,14 +248,15 @@ MIGRATIONS = [
         ALTER TABLE rounds ADD COLUMN note VARCHAR;
     """),
     Migration(11, "a round's candidates", """
-        -- The policies a round trained from its start, one a job, and the predictor's verdict on each: its win rate
-        -- over the start by the reward model on fresh answers to held-back prompts, with its interval, its KL to v0,
-        -- and whether the round registered it; a round registers one candidate at most, or none.
+        -- The policies a round trained from its start, one a job, and their average (made by the predict job,
+        -- optimizer 'average'), with the predictor's verdict on each: its win rate over the start by the reward model
+        -- on fresh answers to held-back prompts, with its interval, its KL to v0, and whether the round registered
+        -- it; a round registers one at most, or none.
         CREATE TABLE candidates (
             round INTEGER NOT NULL,
             job INTEGER NOT NULL,
             optimizer VARCHAR NOT NULL,
-            seed INTEGER NOT NULL,
+            seed INTEGER,                           -- NULL for the average
             win_rate DOUBLE,                        -- NULL until the predictor has run
             low DOUBLE,
             high DOUBLE,

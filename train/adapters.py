@@ -1,10 +1,12 @@
 """The policy adapter of a TRL-trained round (DPO, GRPO): made or continued, then saved as plain PEFT."""
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file
+import torch
+from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
@@ -69,3 +71,35 @@ def save_adapter(trainer, out_dir: Path, settings_file: str, settings: dict[str,
     with built_beside(out_dir) as built:
         peft_model.save_pretrained(built)  # the adapter named "default" lands in the folder itself
         (built / settings_file).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def average_adapters(folders: list[Path], out_dir: Path) -> None:
+    """The average of LoRA adapters trained from one start, as one adapter of the same rank in out_dir.
+
+    Each module's update is the mean of the adapters' B·A, cut to the adapters' rank r by its r
+    largest singular values (exact where the updates share their directions). Candidates that
+    learnt the same votes from the same start lie in one basin, where the average of their weights
+    keeps what they share and cancels what each seed's minibatch order added (model soups, WARP):
+    one draw of a round's training is a lottery, the mean of several far less.
+    """
+    weights = [load_file(str(folder / "adapter_model.safetensors")) for folder in folders]
+    averaged = {}
+    for key, first in weights[0].items():
+        if "lora_A" not in key:
+            if "lora_B" not in key:
+                averaged[key] = sum(w[key] for w in weights) / len(weights)
+            continue
+        b_key = key.replace("lora_A", "lora_B")
+        down = torch.cat([w[key] for w in weights])  # (K·r, in)
+        up = torch.cat([w[b_key] for w in weights], dim=1) / len(weights)  # (out, K·r): up @ down is the mean update
+        # The SVD of the (out, in) update, from QR of each factor and the SVD of the small (K·r, K·r) core.
+        q_up, r_up = torch.linalg.qr(up)
+        q_down, r_down = torch.linalg.qr(down.T)
+        u, s, vh = torch.linalg.svd(r_up @ r_down.T)
+        rank, root = first.shape[0], s[:first.shape[0]].sqrt()
+        averaged[b_key] = ((q_up @ u[:, :rank]) * root).contiguous()
+        averaged[key] = ((root[:, None] * vh[:rank]) @ q_down.T).contiguous()
+    with built_beside(out_dir) as built:
+        built.mkdir()
+        shutil.copy(folders[0] / "adapter_config.json", built / "adapter_config.json")
+        save_file(averaged, str(built / "adapter_model.safetensors"))

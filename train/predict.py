@@ -80,15 +80,21 @@ def predict(candidate: torch.Tensor, start: torch.Tensor, answers: list[Generate
                       candidate.mean().item(), candidate.shape[0], len(answers))
 
 
-def choose(predictions: list[Prediction], kl_budget: float, confident: bool = True) -> tuple[int | None, list[str]]:
-    """Which candidate a round registers, by index, and each candidate's verdict in words. A candidate may be registered
-    when its KL to v0 is within kl_budget (0: no budget) and, if `confident`, its whole interval lies above 50%; of
-    those, the one with the highest predicted win rate is. None when no candidate may."""
+def choose(predictions: list[Prediction], kl_budget: float, register: str = "confident") -> tuple[int | None, list[str]]:
+    """Which candidate a round registers, by index, and each candidate's verdict in words; None where none may be.
+    A candidate over kl_budget (0: no budget) may not. With `register` 'average' the last prediction is the
+    candidates' average, and it is the one; with 'confident', of those whose whole interval lies above 50%, and with
+    'best' of all, the one with the highest predicted win rate."""
+    if register == "average":
+        over = bool(kl_budget) and predictions[-1].kl_to_v0 > kl_budget
+        verdicts = [f"averaged: {_figures(p)}" for p in predictions[:-1]]
+        verdicts.append(_over_budget(predictions[-1], kl_budget) if over else f"registered, the average: {_figures(predictions[-1])}")
+        return None if over else len(predictions) - 1, verdicts
     verdicts, eligible = [], []
     for i, p in enumerate(predictions):
         if kl_budget and p.kl_to_v0 > kl_budget:
-            verdicts.append(f"over the KL budget: {p.kl_to_v0:.1f} nats from v0, [round] kl_budget {kl_budget:g}")
-        elif confident and p.low <= 0.5:
+            verdicts.append(_over_budget(p, kl_budget))
+        elif register == "confident" and p.low <= 0.5:
             verdicts.append(f"not predicted better than the start with confidence: {_figures(p)}")
         else:
             verdicts.append("")
@@ -97,6 +103,10 @@ def choose(predictions: list[Prediction], kl_budget: float, confident: bool = Tr
     for i in eligible:
         verdicts[i] = f"registered, rated best: {_figures(predictions[i])}" if i == chosen else f"rated below another: {_figures(predictions[i])}"
     return chosen, verdicts
+
+
+def _over_budget(p: Prediction, kl_budget: float) -> str:
+    return f"over the KL budget: {p.kl_to_v0:.1f} nats from v0, [round] kl_budget {kl_budget:g}"
 
 
 def _figures(p: Prediction) -> str:

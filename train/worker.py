@@ -297,10 +297,12 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
 
 
 def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Predict each candidate's win rate over the round's start (train.predict): the start and every candidate answer
-    the frozen prompts, and the reward model at config["reward_adapter_path"] scores their answers."""
+    """Predict each candidate's win rate over the round's start (train.predict), and with config["average"] their
+    average's (train.adapters.average_adapters, saved in "average"): the start and every candidate answer the frozen
+    prompts, and the reward model at config["reward_adapter_path"] scores their answers."""
     import torch
 
+    from train.adapters import average_adapters
     from train.generate import generate, kl_to_base
     from train.models import decode_steps_for, load_model
     from train.predict import predict
@@ -309,7 +311,11 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
     generation = GenerationConfig(**config["generation"])
     base = ModelConfig(**config["model"])
-    adapters = [config["start_adapter_path"]] + [c["adapter_path"] for c in config["candidates"]]
+    candidates = config["candidates"]
+    if config["average"]:
+        average_adapters([Path(c["adapter_path"]) for c in candidates], job_dir / "average")
+        candidates = [*candidates, {"job": None, "adapter_path": str(job_dir / "average")}]  # None: the average
+    adapters = [config["start_adapter_path"]] + [c["adapter_path"] for c in candidates]
     steps = decode_steps_for(len(prompts) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
     events.emit("started", policies=len(adapters), prompts=len(prompts), answers=generation.per_prompt)
     answers, kls = [], []
@@ -324,9 +330,10 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     raw = torch.tensor([heads for _, heads in _scores(config, asked, [a.text for group in answers for a in group])], dtype=torch.float64)
     normalised = read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw)  # (policies x P x N, K)
     reward, spread = reward_and_uncertainty(normalised)
-    policies = [None] + [c["job"] for c in config["candidates"]]  # None: the start
+    policies = [None] + [c["job"] for c in candidates]  # None: the start, or the average
+    per_policy, average = len(prompts) * generation.per_prompt, len(candidates) if config["average"] else None
     pq.write_table(pa.Table.from_pylist([  # what the predictor saw, to read again
-        {"job": policies[i // (len(prompts) * generation.per_prompt)], "prompt_index": a.prompt_index, "text": a.text,
+        {"job": policies[i // per_policy], "average": i // per_policy == average, "prompt_index": a.prompt_index, "text": a.text,
          "finished": a.finished, "reward": r, "uncertainty": u, "heads": h}
         for i, (a, r, u, h) in enumerate(zip([a for group in answers for a in group], reward.tolist(), spread.tolist(), normalised.tolist()))
     ]), job_dir / "answers.parquet")
@@ -334,11 +341,11 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     predictions = [
         {"job": candidate["job"]} | dataclasses.asdict(predict(scores[i], scores[0], answers[i], kls[i], config["confidence"],
                                                                config["draws"], config["seed"]))
-        for i, candidate in enumerate(config["candidates"], start=1)
+        for i, candidate in enumerate(candidates, start=1)
     ]
     events.emit("progress", progress=1.0)
     start = answers[0]
-    return {"predictions": predictions, "answers": "answers.parquet",
+    return {"predictions": predictions, "answers": "answers.parquet", "average": "average" if config["average"] else None,
             "start": {"ended": sum(a.finished for a in start) / len(start), "mean_reward": scores[0].mean().item()}}
 
 

@@ -68,10 +68,19 @@ def test_the_choice_is_the_best_rated_of_the_candidates_confidently_better_than_
     assert verdicts[2] == "registered, rated best: 66% [58%, 74%] over the start"
     assert verdicts[3] == "over the KL budget: 25.0 nats from v0, [round] kl_budget 20"
     assert choose(candidates, kl_budget=0.0)[0] == 3  # no budget
-    assert choose(candidates, kl_budget=20.0, confident=False)[0] == 1  # the best rated, however sure
+    assert choose(candidates, kl_budget=20.0, register="best")[0] == 1  # the best rated, however sure
 
 
 def test_no_candidate_is_chosen_when_none_is_confidently_better():
     chosen, verdicts = choose([prediction(0.55, 0.45, 0.65), prediction(0.40, 0.30, 0.50)], kl_budget=20.0)
     assert chosen is None and all(v.startswith("not predicted better") for v in verdicts)
-    assert choose([prediction(0.55, 0.45, 0.65, kl=30.0)], kl_budget=20.0, confident=False)[0] is None
+    assert choose([prediction(0.55, 0.45, 0.65, kl=30.0)], kl_budget=20.0, register="best")[0] is None
+
+
+def test_with_register_average_the_average_is_chosen_whatever_is_predicted_unless_over_the_budget():
+    members, average = [prediction(0.70, 0.60, 0.80), prediction(0.45, 0.35, 0.55)], prediction(0.48, 0.40, 0.56, kl=4.0)
+    chosen, verdicts = choose([*members, average], kl_budget=20.0, register="average")
+    assert chosen == 2 and verdicts == ["averaged: 70% [60%, 80%] over the start", "averaged: 45% [35%, 55%] over the start",
+                                        "registered, the average: 48% [40%, 56%] over the start"]
+    chosen, verdicts = choose([*members, prediction(0.48, 0.40, 0.56, kl=21.0)], kl_budget=20.0, register="average")
+    assert chosen is None and verdicts[2] == "over the KL budget: 21.0 nats from v0, [round] kl_budget 20"

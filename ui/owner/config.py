@@ -121,7 +121,7 @@ class ServerConfig:
 
 OPTIMIZERS = ("auto", "ppo", "dpo", "grpo")
 START_FROM = ("best", "newest")
-REGISTER = ("confident", "best")
+REGISTER = ("average", "confident", "best")
 TRUSTED_OPTIMIZERS = ("ppo", "grpo")
 
 
@@ -166,11 +166,11 @@ class RoundConfig:
     )
     candidates: int = field(
         default=2,
-        metadata={"help": "Policies a round trains from its start, each with its own seed: the first by the optimiser the "
-                          "round runs, the others by DPO, the cheapest. The predictor rates each against the start and "
-                          "the round registers the one it rates best, or none where none is predicted better with "
-                          "confidence (its votes then carry over). 2 keeps three rounds of 96 votes with their "
-                          "evaluations within 45 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
+        metadata={"help": "Policies a round trains from its start, each with its own seed. With [round] register = "
+                          "'average' each by the optimiser the round runs, and the round registers their average; "
+                          "otherwise the first by it and the others by DPO, the cheapest, and the predictor picks one. "
+                          "2 keeps three rounds of 96 votes with their evaluations within 45 minutes on a 2-core CPU "
+                          "(scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,
@@ -190,10 +190,14 @@ class RoundConfig:
                           "0.8, its win rate is above 50% with 90% confidence."},
     )
     register: str = field(
-        default="confident",
-        metadata={"help": "Which candidate a round registers. 'confident': the one the predictor rates best among those "
-                          "predicted better than the start with [round] predictor_confidence, or none. 'best': the one it "
-                          "rates best, whatever it predicts. Either way none over [round] kl_budget."},
+        default="average",
+        metadata={"help": "What a round registers. 'average': the average of its candidates' weights, which keeps what "
+                          "they learnt alike and drops what each seed's draw added (one candidate alone gained anywhere "
+                          "from -8 to +14 points over its start by a judge; the average of two or three, the candidates' "
+                          "mean or better at half their KL: scripts/BENCHMARKS.md). 'confident': the candidate the "
+                          "predictor rates best among those predicted better than the start with [round] "
+                          "predictor_confidence, or none (its votes then carry over). 'best': the one it rates best, "
+                          "whatever it predicts. Any way, none over [round] kl_budget."},
     )
     start_from: str = field(
         default="best",

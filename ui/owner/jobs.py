@@ -34,7 +34,7 @@ from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progr
 from store.policies import POLICY_JOBS, add_policy, dpo_jobs_behind, get_policy, policy_versions
 from store.prompts import Prompt, prompts_to_generate
 from store.pref_files import read_preference_file
-from store.rounds import Candidate, Round, add_note, get_round, set_policy_to, set_reward_version, set_verdict
+from store.rounds import AVERAGE, Candidate, Round, add_candidate, add_note, get_round, set_policy_to, set_reward_version, set_verdict
 from store.votes import pairs_voted_by
 from store.reward_models import (
     RewardModel,
@@ -728,8 +728,8 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
 
 
 def submit_prediction(project: Project, run: Run, round_: Round, candidates: list[Candidate]) -> Job:
-    """Queue the round's predictor (train.predict) on its candidates: each one's win rate over the round's start by the
-    round's reward model, on fresh answers of both to the first [round] predictor_prompts held-back prompts (by content,
+    """Queue the round's predictor (train.predict) on its candidates, and with [round] register = 'average' on their
+    average too: each one's win rate over the round's start by the round's reward model, on fresh answers of both to the first [round] predictor_prompts held-back prompts (by content,
     the same ones every round), [round] predictor_answers each, and its KL to v0."""
     settings = project.config.round
     start = run(get_policy, round_.policy_from)
@@ -750,6 +750,7 @@ def submit_prediction(project: Project, run: Run, round_: Round, candidates: lis
         "start_version": start.version,
         "start_adapter_path": str(project.root / start.adapter_path) if start.adapter_path else None,
         "candidates": [{"job": c.job, "adapter_path": str(job_dir(project, c.job) / "policy")} for c in candidates],
+        "average": settings.register == "average" and len(candidates) > 1,
         "confidence": settings.predictor_confidence,
         "draws": PREDICTOR_DRAWS,
         "seed": round_.id,
@@ -761,16 +762,23 @@ PREDICTOR_DRAWS = 2000  # bootstrap draws of each candidate's win rate: its inte
 
 
 def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
-    """Record the predictor's figures and verdict on each of the round's candidates, and register the one it rates best
-    (train.predict.choose) as the next policy version; or none, and the round says why. All or nothing."""
+    """Record the predictor's figures and verdict on each of the round's candidates (and on their average, a candidate
+    of this job's), and register what [round] register says (train.predict.choose) as the next policy version: their
+    average, or the candidate rated best; or none, and the round says why. All or nothing."""
     from train.predict import Prediction, choose
 
+    settings = project.config.round
     predictions = [Prediction(**{k: v for k, v in p.items() if k != "job"}) for p in result["predictions"]]
-    jobs = [p["job"] for p in result["predictions"]]
-    chosen, verdicts = choose(predictions, project.config.round.kl_budget, project.config.round.register == "confident")
+    jobs = [job.id if p["job"] is None else p["job"] for p in result["predictions"]]  # None: the average, this job's
+    averaged = result["average"] is not None
+    register = "average" if averaged else "best" if settings.register == "average" else settings.register
+    chosen, verdicts = choose(predictions, settings.kl_budget, register)
     round_ = get_round(con, job.round)
+    candidates = len(jobs) - averaged
 
     def add_rows() -> None:
+        if averaged:
+            add_candidate(con, round_.id, job.id, AVERAGE, None)
         for i, (job_id, prediction, verdict) in enumerate(zip(jobs, predictions, verdicts)):
             set_verdict(con, round_.id, job_id, dataclasses.asdict(prediction), i == chosen, verdict)
         add_metrics(con, job.id, [(0, {f"start_{name}": value for name, value in result["start"].items()})])
@@ -779,24 +787,29 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
     if chosen is None:
         with transaction(con):
             add_rows()
-            add_note(con, round_.id, f"no candidate registered: none of {len(jobs)} was predicted better than v{round_.policy_from} "
+            add_note(con, round_.id, f"no candidate registered: none of {candidates} was predicted better than v{round_.policy_from} "
                                      "with confidence within [round] kl_budget, so the round's votes carry over to the next"
-                                     if project.config.round.register == "confident" else
-                                     f"no candidate registered: all {len(jobs)} were over [round] kl_budget")
+                                     if register == "confident" else
+                                     f"nothing registered: over [round] kl_budget, so the round's votes carry over to the next")
         return
-    candidate = get_job(con, jobs[chosen])
+    best = predictions[chosen]
+    if averaged:
+        made_by, adapter, what = job, directory / result["average"], f"the average of its {candidates} candidates"
+    else:
+        made_by = get_job(con, jobs[chosen])
+        adapter, what = job_dir(project, made_by.id) / "policy", f"candidate {chosen + 1} of {candidates} (job {made_by.id})"
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
-    best = predictions[chosen]
 
-    def register() -> None:
-        add_policy(con, version, str(target), parent=round_.policy_from, round=round_.id, job=candidate.id)
+    def register_version() -> None:
+        # The average's job is none of the candidates': its lineage counts every DPO job of its round (dpo_jobs_behind).
+        add_policy(con, version, str(target), parent=round_.policy_from, round=round_.id, job=None if averaged else made_by.id)
         set_policy_to(con, round_.id, version)
-        add_note(con, round_.id, f"candidate {chosen + 1} of {len(jobs)} (job {candidate.id}) registered as v{version}: predicted win "
-                                 f"rate over v{round_.policy_from} {best.win_rate:.0%} [{best.low:.0%}, {best.high:.0%}]")
+        add_note(con, round_.id, f"{what} registered as v{version}: predicted win rate over v{round_.policy_from} "
+                                 f"{best.win_rate:.0%} [{best.low:.0%}, {best.high:.0%}]")
         add_rows()
 
-    register_adapter(con, project, candidate, job_dir(project, candidate.id) / "policy", target, register)
+    register_adapter(con, project, made_by, adapter, target, register_version)
 
 
 def _stop(worker: subprocess.Popen) -> None:

@@ -2,9 +2,10 @@
 
 A round starts from a version v (the newest, or the best rated by people), trains a reward model
 on a snapshot of the comparisons (or takes a chosen version), trains [round] candidates policies
-from v, each with its own seed, and lets a predictor rate each against v by the reward model on
-fresh answers to the held-back prompts. The one rated best with confidence, within the KL budget,
-is registered as v+1 (or none is, and the votes carry over). Then completions of v (where it has
+from v, each with its own seed, and lets a predictor rate each (and their average) against v by
+the reward model on fresh answers to the held-back prompts. Their average, within the KL budget, is
+registered as v+1 ([round] register = "average"; or the candidate rated best, with confidence or
+not, or none, and the votes carry over). Then completions of v (where it has
 too few) and of v+1 on the held-back prompts, each of v+1's paired with one of v's for the
 annotators: the votes on those pairs are the round's human win rate. Each step is a job, queued
 when the one before it is done, so the app's job queue and `tether round` run a round the same
@@ -34,7 +35,7 @@ from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_r
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models
 from store.rounds import (
-    Candidate, Round, add_candidate, add_note, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice,
+    AVERAGE, Candidate, Round, add_candidate, add_note, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice,
 )
 from store.stats import version_games, version_votes
 from train.files import built_beside
@@ -61,10 +62,11 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     2. its reward model: trained on every vote so far, unless given a version; where the votes hold nothing the newest
        version has not trained on, with the same settings, that version is reused, and the round says so;
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
-    4. its candidates: [round] candidates policies from the start, each with its own seed, the first by the round's
-       optimiser and the others by DPO (advance_round);
-    5. the predictor: each candidate's win rate over the start by the reward model (submit_prediction), and the one
-       rated best with confidence registered as the next version, or none (ingest_prediction);
+    4. its candidates: [round] candidates policies from the start, each with its own seed, by the round's optimiser
+       (with [round] register other than 'average', the first by it and the others by DPO) (advance_round);
+    5. the predictor: each candidate's win rate over the start by the reward model, and their average's
+       (submit_prediction); the average registered as the next version, or with [round] register = 'confident' the
+       candidate rated best with confidence, or none (ingest_prediction);
     6. its pairs: completions of the new version against the start's on the held-back prompts, for people to judge.
 
     `read` reads the votes beside the writer, as for submit_reward_training.
@@ -112,9 +114,10 @@ def _after_reward_model(project: Project, run: Run, round_: Round) -> Job:
 
 
 def _submit_candidate(project: Project, run: Run, round_: Round, number: int) -> Job:
-    """Candidate `number` (from 0) of the round, from the round's start with that candidate's seed: the first by the
-    round's optimiser, the others by DPO, the cheapest, so that a PPO or GRPO round has an alternative at little cost."""
-    optimizer = round_.optimizer if number == 0 else "dpo"
+    """Candidate `number` (from 0) of the round, from the round's start with that candidate's seed: by the round's
+    optimiser where the round registers their average (alike adapters average well), else the first by it and the
+    others by DPO, the cheapest, so that a PPO or GRPO round has an alternative at little cost."""
+    optimizer = round_.optimizer if number == 0 or project.config.round.register == "average" else "dpo"
     if optimizer == "dpo":
         # DPO on the votes alone where 'auto' chose it (the reward model does not steer), or beside another optimiser.
         pairs = "human" if round_.optimizer != "dpo" or _chosen_by_auto(round_) else None
@@ -247,9 +250,10 @@ def round_summary(run: Run, round_id: int) -> RoundSummary:
 def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], reward_models: dict[int, RewardModel],
                candidates: list[Candidate]) -> RoundSummary:
     jobs = run(round_jobs, round_.id)
-    if candidates:  # the one the round registered, if any
-        registered = next((c.job for c in candidates if c.chosen), None)
-        policy_job = next((j for j in jobs if j.id == registered), None)
+    registered = next((c for c in candidates if c.chosen), None)
+    if candidates:  # the one the round registered, if any; the candidates' average stands for its first's training
+        trained = None if registered is None else candidates[0].job if registered.optimizer == AVERAGE else registered.job
+        policy_job = next((j for j in jobs if j.id == trained), None)
     else:  # a round from before candidates: its one policy job
         policy_job = next((j for j in jobs if j.kind in POLICY_JOBS), None)
     metrics = reward_models[round_.reward_version].metrics if round_.reward_version in reward_models else {}
@@ -263,6 +267,9 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         smoothing = last.get("label_smoothing")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
+    if registered is not None and registered.optimizer == AVERAGE:  # a candidate's last step is not the average's: see its own row
+        kl = kl_to_parent = ended = None
+        stopped_early = False
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
     win_rate = controlled = None

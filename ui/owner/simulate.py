@@ -25,7 +25,7 @@ from store.jobs import job_metrics, metric_series, round_jobs
 from store.policies import Policy, copied_version, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
-from store.rounds import Round, round_candidates
+from store.rounds import AVERAGE, Round, round_candidates
 from ui.owner.jobs import job_dir, run_to_end, steers, submit_generation
 from ui.owner.project import Project
 from ui.owner.rounds import STAGES, RoundSummary, round_report, round_summary, run_round
@@ -112,7 +112,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
             + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
         for c in candidates:
-            say(f"  candidate job {c['job']} ({c['optimizer'].upper()}, seed {c['seed']}): predicted {c['predicted']:.1%} "
+            say(f"  candidate job {c['job']} ({c['optimizer'].upper()}" + ("" if c["seed"] is None else f", seed {c['seed']}") + "): predicted {c['predicted']:.1%} "
                 f"[{c['low']:.1%}, {c['high']:.1%}] over v{round_.policy_from}, KL to v0 {c['kl_to_v0']:.2f}; "
                 + (f"judge {c['judge_over_start']:.1%} over v{round_.policy_from}; " if c["judge_over_start"] is not None else "")
                 + c["verdict"])
@@ -151,7 +151,8 @@ def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_a
         if c.chosen:
             over_start = judge_against(sim.judge, sim.eval_prompts, _texts(registered_answers), _texts(start_answers)).win_rate
         elif sim.judge_candidates or c.job == top and round_.policy_to is None:
-            answers, _ = sample_answers(project, job_dir(project, c.job) / "policy", sim.eval_prompts, sim.answers_per_prompt, sim.seed)
+            folder = job_dir(project, c.job) / (AVERAGE if c.optimizer == AVERAGE else "policy")
+            answers, _ = sample_answers(project, folder, sim.eval_prompts, sim.answers_per_prompt, sim.seed)
             over_start = judge_against(sim.judge, sim.eval_prompts, _texts(answers), _texts(start_answers)).win_rate
         judged.append({"job": c.job, "optimizer": c.optimizer, "seed": c.seed, "predicted": c.win_rate, "low": c.low, "high": c.high,
                        "kl_to_v0": c.kl_to_v0, "chosen": c.chosen, "top": c.job == top, "verdict": c.verdict,
@@ -227,10 +228,9 @@ def _trained(project: Project, summary: RoundSummary) -> str:
         kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
         return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
                 f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
-    return (
-        f"{reward_model}; PPO {len(ended)} steps, KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, "
-        f"to v{round_.policy_from} {summary.kl_to_parent:.2f}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
-    )
+    kl = "" if summary.kl is None else (  # None: the round registered its candidates' average, whose KL is in its own row
+        f", KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, to v{round_.policy_from} {summary.kl_to_parent:.2f}")
+    return f"{reward_model}; PPO {len(ended)} steps{kl}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
 
 
 def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, dict[str, float]]:

@@ -225,7 +225,7 @@ def _candidates(shown: RoundSummary | None) -> dict:
     """The shown round's candidates, with the predictor's figures and verdict on each; hidden for a round without."""
     if shown is None or not shown.candidates:
         return gr.update(value=[], visible=False)
-    rows = [[c.job, c.optimizer.upper(), c.seed, "" if c.win_rate is None else f"{c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]",
+    rows = [[c.job, c.optimizer.upper(), "" if c.seed is None else c.seed, "" if c.win_rate is None else f"{c.win_rate:.0%} [{c.low:.0%}, {c.high:.0%}]",
              rounded(c.kl_to_v0, 2), "" if c.ended is None else f"{c.ended:.0%}", c.verdict or "not yet rated"] for c in shown.candidates]
     return gr.update(value=rows, label=f"Candidates of round {shown.round.id}, from v{shown.round.policy_from}", visible=True)
 
