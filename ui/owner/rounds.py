@@ -267,11 +267,11 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         smoothing = last.get("label_smoothing")
         kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
+        scores = [v for _, v in run(metric_series, policy_job.id, "score")]
+        score_gain = scores[-1] - scores[0] if scores else None
     if registered is not None and registered.optimizer == AVERAGE:  # a candidate's last step is not the average's: see its own row
         kl = kl_to_parent = ended = None
         stopped_early = False
-        scores = [v for _, v in run(metric_series, policy_job.id, "score")]
-        score_gain = scores[-1] - scores[0] if scores else None
     win_rate = controlled = None
     if round_.policy_to is not None:
         win_rate = head_to_head(games, round_.policy_to, round_.policy_from)
