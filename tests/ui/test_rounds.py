@@ -337,7 +337,8 @@ def test_simulate_judges_the_candidate_a_round_kept_out_against_the_rounds_start
     assert all(c["verdict"].startswith("not predicted better") and not c["chosen"] for c in report["candidates"])
     line = next(line for line in result.stdout.splitlines() if line.startswith("round 1:"))
     assert "no version registered: v0 serves on" in line
-    assert sum(line.startswith("  candidate job ") for line in result.stdout.splitlines()) == 2
+    shown = [line for line in result.stdout.splitlines() if line.startswith("  candidate job ")]
+    assert len(shown) == 2 and all(re.match(r"  candidate job \d+ \(DPO, seed \d+\): predicted \d+\.\d% \[", line) for line in shown)
 
 
 def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):
