@@ -729,8 +729,9 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
 
 def submit_prediction(project: Project, run: Run, round_: Round, candidates: list[Candidate]) -> Job:
     """Queue the round's predictor (train.predict) on its candidates, and with [round] register = 'average' on their
-    average too: each one's win rate over the round's start by the round's reward model, on fresh answers of both to the first [round] predictor_prompts held-back prompts (by content,
-    the same ones every round), [round] predictor_answers each, and its KL to v0."""
+    average too: each one's win rate over the round's start by the round's reward model, on fresh answers of both to
+    the first [round] predictor_prompts held-back prompts (by content, the same ones every round), [round]
+    predictor_answers each, and its KL to v0."""
     settings = project.config.round
     start = run(get_policy, round_.policy_from)
     reward_model = run(get_reward_model, round_.reward_version)
