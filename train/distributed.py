@@ -84,6 +84,13 @@ def wait_for_everyone() -> None:
     state().wait_for_everyone()
 
 
+def close() -> None:
+    """Leave the process group before exiting: a process that exits with gloo's threads still running can
+    abort ("terminate called without an active exception") and fail a job whose work is done."""
+    if world_size() > 1:
+        state().destroy_process_group()
+
+
 def report_share(count: int, what: str) -> None:
     """Say in the worker's log how much of the job this process did, so that the log shows every process took part."""
     print(f"process {rank()} of {world_size()}: {count} {what}", file=sys.stderr, flush=True)

@@ -460,7 +460,11 @@ def main(argv: list[str]) -> None:
     if owner := os.environ.get(OWNER_PID_ENV):
         exit_with_owner(int(owner))
     os.nice(NICENESS)
-    sys.exit(run(Path(argv[1])))
+    try:
+        code = run(Path(argv[1]))
+    finally:
+        distributed.close()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
