@@ -163,7 +163,8 @@ def test_a_round_trains_its_candidates_and_registers_the_one_the_predictor_rates
     assert re.search(r"DPO \d+% \[\d+%, \d+%\]( registered)?, DPO \d+% \[\d+%, \d+%\]( registered)?", history) and "registered" in history
 
 
-def test_a_round_that_registers_the_average_of_its_candidates_serves_their_averaged_adapter(tiny_project, tmp_path):
+@pytest.mark.parametrize("optimizer", ["dpo", "grpo"])
+def test_a_round_that_registers_the_average_of_its_candidates_serves_their_averaged_adapter(tiny_project, tmp_path, optimizer):
     import torch
     from safetensors.torch import load_file
 
@@ -172,29 +173,32 @@ def test_a_round_that_registers_the_average_of_its_candidates_serves_their_avera
 
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
+    set_settings(tiny_project, "grpo", steps=2, prompts_per_step=2, group_size=2, minibatches=1, epochs=1)
     set_settings(tiny_project, "round", candidates=2, predictor_answers=2, register="average")
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     run_tether("generate", "--project", str(tiny_project), check=True)
     vote_every_pair(tiny_project)
 
-    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    done = run_tether("round", "--optimizer", optimizer, "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("round 1: policy v1 from v0; the average of its 2 candidates registered as v1: predicted win rate over v0 ")
+    assert re.search(rf"; its first candidate's (robust )?{optimizer.upper()} ", done.stdout), done.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         candidates = con.execute("SELECT job, optimizer, seed, chosen, verdict FROM candidates ORDER BY job").fetchall()
         predictor = con.execute("SELECT id FROM jobs WHERE kind = 'predict'").fetchone()[0]
         version = con.execute("SELECT job, adapter_path FROM policies WHERE version = 1").fetchone()
         lineage = dpo_jobs_behind(con, 1)
     (first, *_), (second, *_), average = candidates
-    assert [c[1:4] for c in candidates] == [("dpo", candidates[0][2], False), ("dpo", candidates[0][2] + 1000, False), ("average", None, True)]
+    assert [c[1:4] for c in candidates] == [(optimizer, candidates[0][2], False), (optimizer, candidates[0][2] + 1000, False), ("average", None, True)]
     assert average[0] == predictor and average[4].startswith("registered, the average: ")
     assert all(c[4].startswith("averaged: ") for c in candidates[:2])
-    assert version == (None, "policies/v1") and lineage == [first, second]  # v1 learnt both candidates' pairs
+    assert version == (None, "policies/v1")
+    assert lineage == ([first, second] if optimizer == "dpo" else [])  # v1 learnt both DPO candidates' pairs
     average_adapters([tiny_project / "jobs" / str(job) / "policy" for job in (first, second)], tmp_path / "check")
     served, expected = load_file(tiny_project / "policies/v1/adapter_model.safetensors"), load_file(tmp_path / "check/adapter_model.safetensors")
     assert served.keys() == expected.keys() and all(torch.equal(served[k], expected[k]) for k in served)
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout
-    assert re.search(r"DPO \d+% \[\d+%, \d+%\], DPO \d+% \[\d+%, \d+%\], AVERAGE \d+% \[\d+%, \d+%\] registered", history)
+    assert re.search(rf"{optimizer.upper()} \d+% \[\d+%, \d+%\], {optimizer.upper()} \d+% \[\d+%, \d+%\], AVERAGE \d+% \[\d+%, \d+%\] registered", history)
 
 
 # One answer a held-back prompt, and a 98% interval: the predictor cannot be sure of a candidate unless it beats the

@@ -215,6 +215,8 @@ def _trained(project: Project, summary: RoundSummary) -> str:
     reward_model = f"reward model v{round_.reward_version} held-out accuracy {measured_share(summary.reward_accuracy, summary.reward_pairs)}{_on_new_votes(project, round_)}"
     if summary.policy_job is None:
         return reward_model
+    # The average has no training of its own: what its first candidate's did stands for it, and says so.
+    first = "its first candidate's " if any(c.chosen and c.optimizer == AVERAGE for c in summary.candidates) else ""
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
         robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
@@ -222,15 +224,15 @@ def _trained(project: Project, summary: RoundSummary) -> str:
                    f"accuracy {_share(summary.pair_accuracy)}")
         withheld = "" if summary.pairs[1] or steers(project.run(get_reward_model, round_.reward_version), project.config.reward_model) \
             else " (it does not steer yet)"
-        return f"{reward_model}; {trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}"
+        return f"{reward_model}; {first}{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}"
     ended = [v for _, v in project.run(metric_series, summary.policy_job, "finished")]
     if summary.optimizer == "grpo":
         kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
-        return (f"{reward_model}; GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
+        return (f"{reward_model}; {first}GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
                 f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
     kl = "" if summary.kl is None else (  # None: the round registered its candidates' average, whose KL is in its own row
         f", KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, to v{round_.policy_from} {summary.kl_to_parent:.2f}")
-    return f"{reward_model}; PPO {len(ended)} steps{kl}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
+    return f"{reward_model}; {first}PPO {len(ended)} steps{kl}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
 
 
 def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, dict[str, float]]:
