@@ -232,6 +232,11 @@ class RoundSummary:
     reward_model_kind: str | None  # which reward model scored: "head" or "LoRA", and for kind "auto" which of the two steered
     candidates: list[Candidate]  # the policies the round trained, with the predictor's verdict on each
 
+    @property
+    def registered_average(self) -> bool:
+        """The round registered its candidates' average, which has no training of its own."""
+        return any(c.chosen and c.optimizer == AVERAGE for c in self.candidates)
+
 
 def round_history(run: Run) -> list[RoundSummary]:
     votes = run(version_votes)

@@ -216,7 +216,7 @@ def _trained(project: Project, summary: RoundSummary) -> str:
     if summary.policy_job is None:
         return reward_model
     # The average has no training of its own: what its first candidate's did stands for it, and says so.
-    first = "its first candidate's " if any(c.chosen and c.optimizer == AVERAGE for c in summary.candidates) else ""
+    first = "its first candidate's " if summary.registered_average else ""
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
         robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
