@@ -178,10 +178,11 @@ class RoundConfig:
                           "content, the same every round. No policy of the round trained on them."},
     )
     predictor_answers: int = field(
-        default=8,
+        default=4,
         metadata={"help": "Answers of the start and of each candidate to each of the predictor's prompts. The predicted win "
                           "rate is the share of pairs of answers to the same prompt where the reward model scores the "
-                          "candidate's higher."},
+                          "candidate's higher. 4, not 8: with register = 'average' the prediction decides nothing but the "
+                          "KL budget, and 8 made the predictor a third of a round on a CPU (scripts/BENCHMARKS.md)."},
     )
     predictor_confidence: float = field(
         default=0.8,
