@@ -148,8 +148,10 @@ def add_candidate(con: Connection, round_id: int, job: int, optimizer: str, seed
     con.execute("INSERT INTO candidates (round, job, optimizer, seed) VALUES (?, ?, ?, ?)", [round_id, job, optimizer, seed])
 
 
-def set_verdict(con: Connection, round_id: int, job: int, figures: dict, chosen: bool, verdict: str) -> None:
-    """The predictor's figures on a candidate (win_rate, low, high, kl_to_v0, ended, answers), and the round's verdict."""
+def set_verdict(con: Connection, round_id: int, job: int, figures: dict | None, chosen: bool, verdict: str) -> None:
+    """The predictor's figures on a candidate (win_rate, low, high, kl_to_v0, ended, answers), or None where it did not
+    rate it, and the round's verdict."""
+    figures = figures or dict.fromkeys(("win_rate", "low", "high", "kl_to_v0", "ended", "answers"))
     con.execute(
         """UPDATE candidates SET win_rate = ?, low = ?, high = ?, kl_to_v0 = ?, ended = ?, answers = ?, chosen = ?, verdict = ?
            WHERE round = ? AND job = ?""",

@@ -1,7 +1,9 @@
 """A round's predictor: how often each candidate policy would beat the round's start, by the reward model.
 
 A round trains several candidates from one start (other seeds, other optimisers) and keeps at
-most one. Which one, and whether any, is decided before anyone sees its answers:
+most one. Which one, and whether any, is decided before anyone sees its answers (where the round
+registers the candidates' average, the average is the one policy rated, for the KL budget and the
+record):
 1. sample: the start and every candidate answer the same prompts, held back from training (none of
    them trained on these prompts), `answers` times each, each policy with the same seed, so that
    two alike policies give alike answers and their difference is not drowned in sampling noise;
@@ -82,14 +84,14 @@ def predict(candidate: torch.Tensor, start: torch.Tensor, answers: list[Generate
 
 def choose(predictions: list[Prediction], kl_budget: float, register: str = "confident") -> tuple[int | None, list[str]]:
     """Which candidate a round registers, by index, and each candidate's verdict in words; None where none may be.
-    A candidate over kl_budget (0: no budget) may not. With `register` 'average' the last prediction is the
-    candidates' average, and it is the one; with 'confident', of those whose whole interval lies above 50%, and with
+    A candidate over kl_budget (0: no budget) may not. With `register` 'average' the one prediction is the
+    candidates' average's, and it is the one; with 'confident', of those whose whole interval lies above 50%, and with
     'best' of all, the one with the highest predicted win rate."""
     if register == "average":
-        over = bool(kl_budget) and predictions[-1].kl_to_v0 > kl_budget
-        verdicts = [f"averaged: {_figures(p)}" for p in predictions[:-1]]
-        verdicts.append(_over_budget(predictions[-1], kl_budget) if over else f"registered, the average: {_figures(predictions[-1])}")
-        return None if over else len(predictions) - 1, verdicts
+        (average,) = predictions
+        if kl_budget and average.kl_to_v0 > kl_budget:
+            return None, [_over_budget(average, kl_budget)]
+        return 0, [f"registered, the average: {_figures(average)}"]
     verdicts, eligible = [], []
     for i, p in enumerate(predictions):
         if kl_budget and p.kl_to_v0 > kl_budget:

@@ -297,9 +297,9 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
 
 
 def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Predict each candidate's win rate over the round's start (train.predict), and with config["average"] their
-    average's (train.adapters.average_adapters, saved in "average"): the start and every candidate answer the frozen
-    prompts, and the reward model at config["reward_adapter_path"] scores their answers."""
+    """Predict each candidate's win rate over the round's start (train.predict), or with config["average"] only their
+    average's (train.adapters.average_adapters, saved in "average"), the one the round registers: the start and each
+    policy predicted answer the frozen prompts, and the reward model at config["reward_adapter_path"] scores them."""
     import torch
 
     from train.adapters import average_adapters
@@ -312,9 +312,9 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     generation = GenerationConfig(**config["generation"])
     base = ModelConfig(**config["model"])
     candidates = config["candidates"]
-    if config["average"]:
+    if config["average"]:  # the candidates are the average's parts, not choices: sampling them would tell nothing used
         average_adapters([Path(c["adapter_path"]) for c in candidates], job_dir / "average")
-        candidates = [*candidates, {"job": None, "adapter_path": str(job_dir / "average")}]  # None: the average
+        candidates = [{"job": None, "adapter_path": str(job_dir / "average")}]  # None: the average
     adapters = [config["start_adapter_path"]] + [c["adapter_path"] for c in candidates]
     steps = decode_steps_for(len(prompts) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
     events.emit("started", policies=len(adapters), prompts=len(prompts), answers=generation.per_prompt)
@@ -331,9 +331,9 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     normalised = read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw)  # (policies x P x N, K)
     reward, spread = reward_and_uncertainty(normalised)
     policies = [None] + [c["job"] for c in candidates]  # None: the start, or the average
-    per_policy, average = len(prompts) * generation.per_prompt, len(candidates) if config["average"] else None
+    per_policy = len(prompts) * generation.per_prompt
     pq.write_table(pa.Table.from_pylist([  # what the predictor saw, to read again
-        {"job": policies[i // per_policy], "average": i // per_policy == average, "prompt_index": a.prompt_index, "text": a.text,
+        {"job": policies[i // per_policy], "average": config["average"] and i >= per_policy, "prompt_index": a.prompt_index, "text": a.text,
          "finished": a.finished, "reward": r, "uncertainty": u, "heads": h}
         for i, (a, r, u, h) in enumerate(zip([a for group in answers for a in group], reward.tolist(), spread.tolist(), normalised.tolist()))
     ]), job_dir / "answers.parquet")

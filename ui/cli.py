@@ -180,7 +180,7 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
 @click.option("--reward-version", type=int, help="Reward-model version PPO optimises against [default: train a new one on every vote so far].")
 @project_option
 def round_command(optimizer: str | None, reward_version: int | None, project_dir: Path):
-    """Run a training round: candidates for the next policy from the votes, the one predicted best registered, then pairs of it
+    """Run a training round: candidates for the next policy from the votes, their average registered, then pairs of it
     against the old one for annotators.
 
     The round starts from the newest policy, or from the one people rate best ([round]
@@ -189,9 +189,10 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
     then optimises against it if it has predicted votes it never saw, and DPO learns from the
     votes otherwise; the round says which and why. PPO, GRPO and DPO run as named whatever the
     reward model has shown. Each trains [round] candidates policies, with their own seeds, on
-    the prompts not held back. The predictor rates each against the start by the reward model
-    on fresh answers to held-back prompts; the one rated best with confidence, within [round]
-    kl_budget, becomes the next version, or none does and the votes carry over. Both policies
+    the prompts not held back. Their average ([round] register), within [round] kl_budget,
+    becomes the next version, or none does and the votes carry over; a predictor rates it
+    against the start by the reward model on fresh answers to held-back prompts (with register
+    "confident" it rates each, and the one rated best with confidence is registered, or none). Both policies
     then answer the held-back prompts, and each new answer is paired with an old one: the votes
     on those pairs are the round's human win rate (`tether rounds`).
 

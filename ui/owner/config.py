@@ -168,9 +168,9 @@ class RoundConfig:
         default=2,
         metadata={"help": "Policies a round trains from its start, each with its own seed. With [round] register = "
                           "'average' each by the optimiser the round runs, and the round registers their average; "
-                          "otherwise the first by it and the others by DPO, the cheapest, and the predictor picks one. "
-                          "2 keeps three rounds of 96 votes with their evaluations within 45 minutes on a 2-core CPU "
-                          "(scripts/BENCHMARKS.md)."},
+                          "otherwise the first by it and the others by DPO, the cheapest, and the predictor rates "
+                          "each and picks one. 2: each costs a round its optimiser's time again, and three rounds of "
+                          "96 votes with their evaluations took 44 to 49 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,
@@ -182,7 +182,8 @@ class RoundConfig:
         metadata={"help": "Answers of the start and of each candidate to each of the predictor's prompts. The predicted win "
                           "rate is the share of pairs of answers to the same prompt where the reward model scores the "
                           "candidate's higher. 4, not 8: with register = 'average' the prediction decides nothing but the "
-                          "KL budget, and 8 made the predictor a third of a round on a CPU (scripts/BENCHMARKS.md)."},
+                          "KL budget, and 8 (then for each candidate too) made the predictor a third of a round on a CPU "
+                          "(scripts/BENCHMARKS.md)."},
     )
     predictor_confidence: float = field(
         default=0.8,

@@ -728,8 +728,8 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
 
 
 def submit_prediction(project: Project, run: Run, round_: Round, candidates: list[Candidate]) -> Job:
-    """Queue the round's predictor (train.predict) on its candidates, and with [round] register = 'average' on their
-    average too: each one's win rate over the round's start by the round's reward model, on fresh answers of both to
+    """Queue the round's predictor (train.predict) on its candidates, or with [round] register = 'average' on their
+    average alone: each one's win rate over the round's start by the round's reward model, on fresh answers of both to
     the first [round] predictor_prompts held-back prompts (by content, the same ones every round), [round]
     predictor_answers each, and its KL to v0."""
     settings = project.config.round
@@ -763,9 +763,10 @@ PREDICTOR_DRAWS = 2000  # bootstrap draws of each candidate's win rate: its inte
 
 
 def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
-    """Record the predictor's figures and verdict on each of the round's candidates (and on their average, a candidate
-    of this job's), and register what [round] register says (train.predict.choose) as the next policy version: their
-    average, or the candidate rated best; or none, and the round says why. All or nothing."""
+    """Record the predictor's figures and verdict on each of the round's candidates, or on their average alone (a
+    candidate of this job's, the others its parts), and register what [round] register says (train.predict.choose)
+    as the next policy version: their average, or the candidate rated best; or none, and the round says why. All or
+    nothing."""
     from train.predict import Prediction, choose
 
     settings = project.config.round
@@ -775,11 +776,13 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
     register = "average" if averaged else "best" if settings.register == "average" else settings.register
     chosen, verdicts = choose(predictions, settings.kl_budget, register)
     round_ = get_round(con, job.round)
-    candidates = len(jobs) - averaged
+    candidates = len(job.config["candidates"])
 
     def add_rows() -> None:
         if averaged:
             add_candidate(con, round_.id, job.id, AVERAGE, None)
+            for part in job.config["candidates"]:
+                set_verdict(con, round_.id, part["job"], None, False, f"averaged into job {job.id}'s average")
         for i, (job_id, prediction, verdict) in enumerate(zip(jobs, predictions, verdicts)):
             set_verdict(con, round_.id, job_id, dataclasses.asdict(prediction), i == chosen, verdict)
         add_metrics(con, job.id, [(0, {f"start_{name}": value for name, value in result["start"].items()})])

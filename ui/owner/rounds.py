@@ -2,7 +2,7 @@
 
 A round starts from a version v (the newest, or the best rated by people), trains a reward model
 on a snapshot of the comparisons (or takes a chosen version), trains [round] candidates policies
-from v, each with its own seed, and lets a predictor rate each (and their average) against v by
+from v, each with its own seed, and lets a predictor rate their average (or each) against v by
 the reward model on fresh answers to the held-back prompts. Their average, within the KL budget, is
 registered as v+1 ([round] register = "average"; or the candidate rated best, with confidence or
 not, or none, and the votes carry over). Then completions of v (where it has
@@ -64,9 +64,9 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
     4. its candidates: [round] candidates policies from the start, each with its own seed, by the round's optimiser
        (with [round] register other than 'average', the first by it and the others by DPO) (advance_round);
-    5. the predictor: each candidate's win rate over the start by the reward model, and their average's
-       (submit_prediction); the average registered as the next version, or with [round] register = 'confident' the
-       candidate rated best with confidence, or none (ingest_prediction);
+    5. the predictor: their average's win rate over the start by the reward model, or with [round] register other
+       than 'average' each candidate's (submit_prediction); the average registered as the next version, or with
+       [round] register = 'confident' the candidate rated best with confidence, or none (ingest_prediction);
     6. its pairs: completions of the new version against the start's on the held-back prompts, for people to judge.
 
     `read` reads the votes beside the writer, as for submit_reward_training.

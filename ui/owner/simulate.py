@@ -112,8 +112,9 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
             + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
         for c in candidates:
-            say(f"  candidate job {c['job']} ({c['optimizer'].upper()}" + ("" if c["seed"] is None else f", seed {c['seed']}") + f"): predicted {c['predicted']:.1%} "
-                f"[{c['low']:.1%}, {c['high']:.1%}] over v{round_.policy_from}, KL to v0 {c['kl_to_v0']:.2f}; "
+            say(f"  candidate job {c['job']} ({c['optimizer'].upper()}" + ("" if c["seed"] is None else f", seed {c['seed']}") + "): "
+                + ("" if c["predicted"] is None else f"predicted {c['predicted']:.1%} [{c['low']:.1%}, {c['high']:.1%}] over "
+                                                     f"v{round_.policy_from}, KL to v0 {c['kl_to_v0']:.2f}; ")
                 + (f"judge {c['judge_over_start']:.1%} over v{round_.policy_from}; " if c["judge_over_start"] is not None else "")
                 + c["verdict"])
         took = time.monotonic() - began
