@@ -148,15 +148,15 @@ def add_candidate(con: Connection, round_id: int, job: int, optimizer: str, seed
     con.execute("INSERT INTO candidates (round, job, optimizer, seed) VALUES (?, ?, ?, ?)", [round_id, job, optimizer, seed])
 
 
+PREDICTED = ("win_rate", "low", "high", "kl_to_v0", "ended", "answers")  # the predictor's figures on a candidate
+
+
 def set_verdict(con: Connection, round_id: int, job: int, figures: dict | None, chosen: bool, verdict: str) -> None:
-    """The predictor's figures on a candidate (win_rate, low, high, kl_to_v0, ended, answers), or None where it did not
-    rate it, and the round's verdict."""
-    figures = figures or dict.fromkeys(("win_rate", "low", "high", "kl_to_v0", "ended", "answers"))
+    """The predictor's figures on a candidate (PREDICTED), or None where it did not rate it, and the round's verdict."""
+    values = [None if figures is None else figures[name] for name in PREDICTED]
     con.execute(
-        """UPDATE candidates SET win_rate = ?, low = ?, high = ?, kl_to_v0 = ?, ended = ?, answers = ?, chosen = ?, verdict = ?
-           WHERE round = ? AND job = ?""",
-        [figures["win_rate"], figures["low"], figures["high"], figures["kl_to_v0"], figures["ended"], figures["answers"], chosen,
-         verdict, round_id, job],
+        f"UPDATE candidates SET {', '.join(f'{name} = ?' for name in PREDICTED)}, chosen = ?, verdict = ? WHERE round = ? AND job = ?",
+        [*values, chosen, verdict, round_id, job],
     )
 
 
