@@ -170,7 +170,7 @@ class RoundConfig:
                           "'average' each by the optimiser the round runs, and the round registers their average; "
                           "otherwise the first by it and the others by DPO, the cheapest, and the predictor rates "
                           "each and picks one. 2: each costs a round its optimiser's time again, and three rounds of "
-                          "96 votes with their evaluations took 44 to 49 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
+                          "96 votes with their evaluations took 35 to 39 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,
