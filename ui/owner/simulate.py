@@ -232,7 +232,7 @@ def _trained(project: Project, summary: RoundSummary) -> str:
         return (f"{reward_model}; {first}GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
                 f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
     kl = "" if summary.kl is None else (  # None: the round registered its candidates' average, whose KL is in its own row
-        f", KL to v0 {summary.kl:.2f}{' (stopped at the budget)' if summary.stopped_early else ''}, to v{round_.policy_from} {summary.kl_to_parent:.2f}")
+        f", KL to v0 {summary.kl:.2f}, to v{round_.policy_from} {summary.kl_to_parent:.2f}")
     return f"{reward_model}; {first}PPO {len(ended)} steps{kl}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
 
 
