@@ -103,6 +103,18 @@ def test_the_round_history_gives_the_raw_and_length_controlled_win_rate_from_the
     assert row["RM on new votes"] == ""  # no later reward model has measured v1's yet
 
 
+def test_dpos_margin_and_accuracy_are_its_means_over_every_step_not_its_last_batchs(tmp_path):
+    """45 pairs in batches of 4 leave a last batch of 1: its 0% said nothing of the other 44."""
+    project = project_with_round(tmp_path / "project", [(20, 20, NEW)])
+    with closing(project.connect()) as con:
+        job = add_job(con, "dpo", {"dpo": {"batch_size": 4}}, 1)
+        add_metrics(con, job.id, [(1, {"margin": 0.1, "accuracy": 0.25}), (2, {"margin": 0.3, "accuracy": 0.75}),
+                                  (3, {"margin": -0.4, "accuracy": 0.0})])
+        finish_job(con, job.id, "done", utcnow())
+    summary = round_summary(project.run, 1)
+    assert summary.margin == pytest.approx(0.0) and summary.pair_accuracy == pytest.approx(1 / 3)
+
+
 def test_people_rating_the_new_version_below_its_parent_is_a_warning_that_names_the_version_to_roll_back_to(tmp_path):
     project = project_with_round(tmp_path / "project", [(20, 20, NEW if i < 4 else OLD) for i in range(16)], score_gain=0.8)
     warnings = round_warnings(project.run, round_history(project.run), "newest")

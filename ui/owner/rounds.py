@@ -218,8 +218,8 @@ class RoundSummary:
     kl_to_parent: float | None  # KL to the version PPO started from, at its last step
     ended: float | None  # share of PPO's or GRPO's responses that ended within the length budget, at the last step
     score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
-    margin: float | None  # DPO's implicit reward margin of chosen over rejected, at its last step
-    pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, at its last step
+    margin: float | None  # DPO's implicit reward margin of chosen over rejected, the mean over its steps
+    pair_accuracy: float | None  # DPO's share of pairs whose chosen response has the larger implicit reward, the mean over its steps
     pairs: tuple[int, int] | None  # DPO's pairs from votes and pairs the reward model ranked
     label_smoothing: float | None  # the share of flipped labels DPO's robust loss corrected for; 0 for plain DPO
     win_rate: WinRate | None  # human votes on v+1 against v
@@ -265,7 +265,8 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
     kl = kl_to_parent = ended = score_gain = margin = pair_accuracy = pairs = smoothing = None
     if policy_job is not None and policy_job.status == "done":
         last = run(job_metrics, policy_job.id)
-        margin, pair_accuracy = last.get("margin"), last.get("accuracy")
+        # Over all DPO's steps, not its last batch's few pairs; in its first epoch each batch is scored before it is learnt.
+        margin, pair_accuracy = (_mean([v for _, v in run(metric_series, policy_job.id, name)]) for name in ("margin", "accuracy"))
         if "pairs_human" in last:
             pairs = (int(last["pairs_human"]), int(last["pairs_reward_model"]))
         smoothing = last.get("label_smoothing")
@@ -455,8 +456,11 @@ def _remove_copy(con: Connection, target: Path, copy: os.stat_result) -> None:
 
 
 def _mean_length(completions: list[tuple[int | None, str]]) -> float | None:
-    counts = [n for n, _ in completions if n is not None]
-    return sum(counts) / len(counts) if counts else None
+    return _mean([n for n, _ in completions if n is not None])
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def repeated_trigram_share(completions: list[tuple[int | None, str]]) -> float:

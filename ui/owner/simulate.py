@@ -221,8 +221,9 @@ def _trained(project: Project, summary: RoundSummary) -> str:
     if summary.optimizer == "dpo":
         pairs = project.run(job_metrics, summary.policy_job)
         robust = f"robust DPO (label_smoothing {summary.label_smoothing:.2f})" if summary.label_smoothing else "DPO"
-        trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), final margin {summary.margin:+.3f}, "
-                   f"accuracy {_share(summary.pair_accuracy)}")
+        steps = len(project.run(metric_series, summary.policy_job, "accuracy"))
+        trained = (f"{robust} on {pairs['pairs']:.0f} pairs ({pairs['pairs_too_long']:.0f} too long), margin {summary.margin:+.3f} and "
+                   f"accuracy {_share(summary.pair_accuracy)} on average over its {steps} steps")
         withheld = "" if summary.pairs[1] or steers(project.run(get_reward_model, round_.reward_version), project.config.reward_model) \
             else " (it does not steer yet)"
         return f"{reward_model}; {first}{trained}: {summary.pairs[0]} human pairs and {summary.pairs[1]} ranked by the reward model{withheld}"
