@@ -374,6 +374,25 @@ def test_simulate_judges_the_candidate_a_round_kept_out_against_the_rounds_start
     assert len(shown) == 2 and all(re.match(r"  candidate job \d+ \(DPO, seed \d+\): predicted \d+\.\d% \[", line) for line in shown)
 
 
+def test_simulate_reports_dpos_margin_and_accuracy_over_all_its_steps(tiny_project, tmp_path):
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
+    result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--labels-per-round", "12", "--rounds", "1",
+                        "--eval-prompts", str(eval_file), "--eval-samples", "2", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert result.returncode == 0, result.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        margin, accuracy, steps = con.execute(
+            """SELECT avg(value) FILTER (WHERE name = 'margin'), avg(value) FILTER (WHERE name = 'accuracy'),
+                      count(*) FILTER (WHERE name = 'accuracy')
+               FROM metrics JOIN jobs ON jobs.id = job_id WHERE kind = 'dpo'"""
+        ).fetchone()
+    line = next(line for line in result.stdout.splitlines() if line.startswith("round 1:"))
+    assert steps > 1 and f"margin {margin:+.3f} and accuracy {accuracy:.1%} on average over its {steps} steps" in line, line
+
+
 def test_simulate_names_a_judge_it_cannot_load(tiny_project, tmp_path):
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text(json.dumps({"prompt": "Hi"}) + "\n")
