@@ -332,6 +332,13 @@ def vote_every_pair(project: Path, annotator: str = "tester") -> int:
         return vote_through_queue(con, annotator)
 
 
+def vote_on_demo_pairs(project: Path) -> int:
+    """Import the demo prompts, sample v0's pairs of answers to them, and vote on every pair; returns the votes."""
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(project), check=True)
+    run_tether("generate", "--project", str(project), check=True)
+    return vote_every_pair(project)
+
+
 def toy_preferences(path: Path, n: int = 40, start: int = 0) -> Path:
     rows = [
         {"prompt": f"Question {i}: what do you like?", "chosen": f"I like cats and {i} dogs. Thank you!", "rejected": f"No. {i}"}

@@ -128,12 +128,10 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_the_predicto
     from peft import PeftModel
 
     from store import open_database
-    from tests.conftest import DEMO_PROMPTS, REPO, held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair
+    from tests.conftest import REPO, held_back_ids, read_parquet, run_tether, set_settings, vote_on_demo_pairs
 
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -256,7 +254,7 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
     from peft import PeftModel
 
     from store import open_database
-    from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair
+    from tests.conftest import held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_on_demo_pairs
     from train.jobdir import read_job
     from ui.owner.jobs import submit_dpo
     from ui.owner.project import load_project
@@ -265,9 +263,7 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="both", prompts=6, candidates=3, confidence=0.5)
     set_settings(tiny_project, "reward_model", trust="always")
     set_settings(tiny_project, "generation", max_new_tokens=8)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr

@@ -6,8 +6,8 @@ import pytest
 
 from store import open_database
 from tests.conftest import (
-    DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, held_back_ids, load_plain, read_parquet, run_tether, set_settings, short_training,
-    vote_every_pair,
+    PPO_PROMPTS, first_token_probs, held_back_ids, load_plain, read_parquet, run_tether, set_settings, short_training,
+    vote_on_demo_pairs,
 )
 from train.config import GRPOConfig
 from train.grpo import train_grpo
@@ -37,9 +37,7 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
 
     short_training(tiny_project)
     set_settings(tiny_project, "grpo", steps=2, prompts_per_step=2, group_size=2, minibatches=1, epochs=1)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "grpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr

@@ -9,7 +9,7 @@ import pytest
 from store import open_database
 from store.prompt_files import read_prompt_file
 from store.prompts import Prompt
-from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair
+from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair, vote_on_demo_pairs
 from ui.owner.jobs import is_held_back
 from ui.owner.rounds import repeated_trigram_share
 
@@ -89,9 +89,7 @@ def test_ppo_trains_every_step_and_the_predictor_alone_holds_the_kl_budget(tiny_
     short_training(tiny_project)
     set_settings(tiny_project, "ppo", steps=3, learning_rate=3e-3)
     set_settings(tiny_project, "round", kl_budget=0.001)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -114,9 +112,7 @@ def test_auto_runs_dpo_until_the_reward_model_steers_then_ppo_on_its_conservativ
     """[round] optimizer = "auto", the default. A round with nothing new for its reward model reuses the newest."""
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     first = run_tether("round", "--project", str(tiny_project))
     assert first.returncode == 0, first.stderr
@@ -154,9 +150,7 @@ def test_a_round_trains_its_candidates_and_registers_the_one_the_predictor_rates
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
     set_settings(tiny_project, "round", candidates=2, predictor_answers=3)  # register = "best" (tiny_project): one is registered
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -202,9 +196,7 @@ def test_a_round_that_registers_the_average_of_its_candidates_serves_their_avera
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
     set_settings(tiny_project, "grpo", steps=2, prompts_per_step=2, group_size=2, minibatches=1, epochs=1)
     set_settings(tiny_project, "round", candidates=2, predictor_answers=2, register="average")
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", optimizer, "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -241,9 +233,7 @@ def test_a_round_that_registers_no_candidate_says_why_and_its_votes_carry_over(t
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
     set_settings(tiny_project, "round", **UNSURE)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -270,9 +260,7 @@ def test_a_round_after_rm_train_reuses_its_version_when_the_votes_hold_nothing_n
     """Issue 46: with a LoRA reward model, a round right after `tether rm train` refused: "no new resolved comparisons"."""
     short_training(tiny_project)
     set_settings(tiny_project, "reward_model", kind="lora", epochs=1)
-    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
-    run_tether("generate", "--project", str(tiny_project), check=True)
-    vote_every_pair(tiny_project)
+    vote_on_demo_pairs(tiny_project)
     run_tether("rm", "train", "--project", str(tiny_project), check=True)
 
     done = run_tether("round", "--optimizer", "ppo", "--project", str(tiny_project))
