@@ -252,7 +252,8 @@ class Estimator:
     def round(self, optimizer: str) -> list[JobMemory]:
         """The jobs of a round with `optimizer`, in order; with 'auto', both it may choose between after the reward model."""
         jobs = {"ppo": self.ppo, "dpo": self.dpo, "grpo": self.grpo}
-        trains = [jobs[self.config.round.trusted_optimizer](), self.dpo()] if optimizer == "auto" else [jobs[optimizer]()]
+        chosen = dict.fromkeys([self.config.round.trusted_optimizer, "dpo"]) if optimizer == "auto" else [optimizer]
+        trains = [jobs[name]() for name in chosen]
         return [self.reward_model()] + trains + [self.predictor(), self.generation()]
 
 

@@ -106,7 +106,10 @@ def test_status_and_init_say_the_rounds_expected_peak_and_its_largest_job(tmp_pa
     status = run_tether("status", "--project", str(project), check=True).stdout
     memory = next(line for line in status.splitlines() if line.startswith("memory"))
     assert "for prompts of up to 192 tokens" not in memory
-    # [round] optimizer = "auto" may run PPO or DPO after the reward model: both count, and a head's job is smaller.
+    # [round] optimizer = "auto" runs DPO whether its reward model steers or not ([round] trusted_optimizer = "dpo").
+    assert "DPO" in memory and "PPO" not in memory and "in its reward model job" not in memory
+    set_settings(project, "round", trusted_optimizer="ppo")  # then it may run PPO or DPO: both count, and a head's job is smaller
+    memory = next(line for line in run_tether("status", "--project", str(project), check=True).stdout.splitlines() if line.startswith("memory"))
     assert "PPO" in memory and "DPO" in memory and "in its reward model job" not in memory
 
     assert "That is more than" not in memory
@@ -152,8 +155,11 @@ def test_init_lowers_the_settings_of_the_largest_job_until_a_round_fits_the_gpu(
     large = llama_config(tmp_path / "large", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256)
     project = init_project(tmp_path / "p24", str(large), Hardware("cuda", "GPU", 24))
-    assert project.config.ppo.minibatch_size == 1 and "[ppo] minibatch_size = 1" in project.profile
-    assert project.config.ppo.gradient_checkpointing is True and "[ppo] gradient_checkpointing = true" in project.profile
+    # init fits the jobs "auto" runs, DPO's and not PPO's: PPO's are lowered for a round that runs it.
+    assert "[dpo] batch_size = 1" in project.profile and "[ppo]" not in project.profile and project.config.ppo.minibatch_size == 8
+    lowered = fit_to_memory(project.config, "ppo", on_gpu=True, available_gb=24)
+    assert project.config.ppo.minibatch_size == 1 and "[ppo] minibatch_size = 1" in lowered
+    assert project.config.ppo.gradient_checkpointing is True and "[ppo] gradient_checkpointing = true" in lowered
     jobs, _, _ = round_memory(project.config, "ppo", [], on_gpu=True)
     assert max(job.peak for job in jobs) > 24 * 2**30  # still too much: status says so, and what to lower next
 

@@ -138,6 +138,8 @@ def choose_optimizer(reward_model: RewardModel, config: TetherConfig) -> tuple[s
     if not steers(reward_model, config.reward_model):
         return "dpo", f"{AUTO_NOTE}DPO on the votes, as reward model v{reward_model.version} {status}"
     chosen = config.round.trusted_optimizer
+    if chosen == "dpo":
+        return "dpo", f'{AUTO_NOTE}DPO on the votes, as [round] trusted_optimizer = "dpo", though reward model v{reward_model.version} {status}'
     penalty = getattr(config, chosen).uncertainty_penalty
     return chosen, (f"{AUTO_NOTE}{chosen.upper()} against reward model v{reward_model.version}, which {status}; "
                     f"its reward is the heads' mean less {penalty:g} times their spread")
