@@ -130,9 +130,9 @@ class RoundConfig:
     optimizer: str = field(
         default="auto",
         metadata={"help": "How a round turns votes into the next policy. 'auto': a reward model is trained on the votes "
-                          "first, then trusted_optimizer runs against it if it steers ([reward_model] trust: it has predicted "
-                          "votes it never saw better than chance), and DPO on the votes otherwise; the round says which and "
-                          "why. 'ppo' (PPO against a reward model trained on the votes, with a KL penalty to the starting "
+                          "first, then DPO on the votes, or with trusted_optimizer 'ppo' or 'grpo' that against it once it steers "
+                          "([reward_model] trust: it has predicted votes it never saw better than chance); the round says "
+                          "which and why. 'ppo' (PPO against a reward model trained on the votes, with a KL penalty to the starting "
                           "model), 'dpo' (DPO with the starting model as its reference, on the votes and on the policy's "
                           "fresh answers ranked by a reward model trained on them first, as [dpo] pairs says) or 'grpo' (a "
                           "reward model, then GRPO: groups of responses per prompt, each group's mean reward the baseline, no "
