@@ -109,7 +109,8 @@ def test_status_and_init_say_the_rounds_expected_peak_and_its_largest_job(tmp_pa
     # [round] optimizer = "auto" runs DPO whether its reward model steers or not ([round] trusted_optimizer = "dpo").
     assert "DPO" in memory and "PPO" not in memory and "in its reward model job" not in memory
     set_settings(project, "round", trusted_optimizer="ppo")  # then it may run PPO or DPO: both count, and a head's job is smaller
-    memory = next(line for line in run_tether("status", "--project", str(project), check=True).stdout.splitlines() if line.startswith("memory"))
+    status = run_tether("status", "--project", str(project), check=True).stdout
+    memory = next(line for line in status.splitlines() if line.startswith("memory"))
     assert "PPO" in memory and "DPO" in memory and "in its reward model job" not in memory
 
     assert "That is more than" not in memory

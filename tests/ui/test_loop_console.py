@@ -76,7 +76,9 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         assert candidate["optimiser"] == "PPO" and candidate["verdict"].startswith("registered, rated best: ")
         assert re.fullmatch(r"PPO \d+% \[\d+%, \d+%\] registered", newest["candidates, predicted win rate over the start"])
         assert warnings.startswith("reward model v1: a head on the base's frozen features (kind \"head\"); it does not steer the loop yet")
-        assert newest["KL to v0"] == newest["KL to parent"] != ""  # from v0, KL to v0 is KL to the parent
+        # The round's KL to v0 is the registered candidate's on the predictor's answers, the measure the budget holds;
+        # KL to the parent is PPO's on its training batch at its last step.
+        assert newest["KL to v0"] == f"{candidate['KL to v0']:.2f}" and newest["KL to parent at PPO's last step"] != ""
         assert newest["responses ended in training"].endswith("%")  # the share of PPO's responses that ended
         assert newest["optimizer and settings"].startswith("PPO: steps 3,")
         assert shown["value"] == 1 and shown["choices"] == [["1", 1]]

@@ -43,7 +43,7 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     assert done.returncode == 0, done.stderr
     # Round 1 failed above, and is kept. [round] candidates = 1 and register = "best" (tiny_project): its one is registered.
     assert done.stdout.startswith("round 2: policy v1 from v0; candidate 1 of 1 (job 3) registered as v1: predicted win rate over v0 ")
-    assert "; reward model v1 held-out accuracy " in done.stdout and "PPO 1 steps, KL to v0" in done.stdout
+    assert "; reward model v1 held-out accuracy " in done.stdout and "PPO 1 steps, at its last step KL to v0 " in done.stdout
     held_back = held_back_ids(tiny_project)
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT id, status, policy_from, reward_version, policy_to, error FROM rounds ORDER BY id").fetchall()

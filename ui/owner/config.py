@@ -145,7 +145,7 @@ class RoundConfig:
                           "before; 'ppo' or 'grpo' optimise the conservative reward, the heads' mean less "
                           "uncertainty_penalty times their spread ([ppo], [grpo]). 'dpo' because at 96 votes a round PPO "
                           "against a steering reward model gained less over v0 a round than DPO on the votes did (+2.7 "
-                          "points against +7.5, over 5 and 9 rounds) at three times the time (scripts/BENCHMARKS.md)."},
+                          "points against +7.4, over 5 and 9 rounds) at three times the time (scripts/BENCHMARKS.md)."},
     )
     held_back_share: float = field(
         default=0.25,
@@ -172,7 +172,7 @@ class RoundConfig:
                           "'average' each by the optimiser the round runs, and the round registers their average; "
                           "otherwise the first by it and the others by DPO, the cheapest, and the predictor rates "
                           "each and picks one. 2: each costs a round its optimiser's time again, and three rounds of "
-                          "96 votes with their evaluations took 35 to 39 minutes on a 2-core CPU (scripts/BENCHMARKS.md)."},
+                          "96 votes with their evaluations took 36 and 39 minutes on a 2-core CPU, DPO every round (scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,

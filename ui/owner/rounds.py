@@ -139,7 +139,8 @@ def choose_optimizer(reward_model: RewardModel, config: TetherConfig) -> tuple[s
         return "dpo", f"{AUTO_NOTE}DPO on the votes, as reward model v{reward_model.version} {status}"
     chosen = config.round.trusted_optimizer
     if chosen == "dpo":
-        return "dpo", f'{AUTO_NOTE}DPO on the votes, as [round] trusted_optimizer = "dpo", though reward model v{reward_model.version} {status}'
+        return "dpo", (f'{AUTO_NOTE}DPO on the votes, as [round] trusted_optimizer = "dpo", '
+                       f"though reward model v{reward_model.version} {status}")
     penalty = getattr(config, chosen).uncertainty_penalty
     return chosen, (f"{AUTO_NOTE}{chosen.upper()} against reward model v{reward_model.version}, which {status}; "
                     f"its reward is the heads' mean less {penalty:g} times their spread")
@@ -216,8 +217,10 @@ class RoundSummary:
     optimizer: str | None  # the kind of the job that trained the new policy: "ppo", "dpo" or "grpo"
     settings: dict[str, Any]  # the settings that job ran with
     policy_job: int | None
-    kl: float | None  # KL to the starting model (v0) at PPO's or GRPO's last step
-    kl_to_parent: float | None  # KL to the version PPO started from, at its last step
+    # The registered version's KL to v0 on the predictor's answers, the one measure [round] kl_budget holds (for a round
+    # from before the predictor, PPO's or GRPO's at its last step).
+    kl: float | None
+    kl_to_parent: float | None  # KL to the version PPO started from, on its training batch at its last step
     ended: float | None  # share of PPO's or GRPO's responses that ended within the length budget, at the last step
     score_gain: float | None  # reward-model score at PPO's or GRPO's last step minus at its first
     margin: float | None  # DPO's implicit reward margin of chosen over rejected, the mean over its steps
@@ -275,8 +278,10 @@ def _summarise(run: Run, round_: Round, games: list[Game], votes: list[Vote], re
         kl, kl_to_parent, ended = last.get("kl"), last.get("kl_to_start"), last.get("finished")
         scores = [v for _, v in run(metric_series, policy_job.id, "score")]
         score_gain = scores[-1] - scores[0] if scores else None
-    if registered is not None and registered.optimizer == AVERAGE:  # a candidate's last step is not the average's: see its own row
-        kl = kl_to_parent = ended = None
+    if registered is not None and registered.optimizer == AVERAGE:  # a candidate's last step is not the average's
+        kl_to_parent = ended = None
+    if registered is not None and registered.kl_to_v0 is not None:
+        kl = registered.kl_to_v0
     win_rate = controlled = None
     if round_.policy_to is not None:
         win_rate = head_to_head(games, round_.policy_to, round_.policy_from)

@@ -232,8 +232,9 @@ def _trained(project: Project, summary: RoundSummary) -> str:
         kl = project.run(job_metrics, summary.policy_job)["kl_per_token"]
         return (f"{reward_model}; {first}GRPO {len(ended)} steps, score {summary.score_gain:+.3f} from first step to last, "
                 f"KL to v0 {kl:.3f} per token, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last")
-    kl = "" if summary.kl is None else (  # None: the round registered its candidates' average, whose KL is in its own row
-        f", KL to v0 {summary.kl:.2f}, to v{round_.policy_from} {summary.kl_to_parent:.2f}")
+    last = project.run(job_metrics, summary.policy_job)
+    kl = "" if summary.kl_to_parent is None else (  # None: the round registered its candidates' average, not this job's policy
+        f", at its last step KL to v0 {last['kl']:.2f} and to v{round_.policy_from} {last['kl_to_start']:.2f} on its batch")
     return f"{reward_model}; {first}PPO {len(ended)} steps{kl}, responses ended {ended[0]:.0%} at its first step and {ended[-1]:.0%} at its last"
 
 

@@ -27,7 +27,7 @@ ROUND_COLUMNS = [
 # How each round ran, in a second table one click away; the long settings text last.
 SETTINGS_COLUMNS = [
     ("round", "round"), ("status", "status"), ("reward model", "reward model"), ("RM accuracy", "RM accuracy"),
-    ("RM on new votes", "RM accuracy on new votes"), ("KL to parent", "KL to parent"), ("optimizer", "optimizer and settings"),
+    ("RM on new votes", "RM accuracy on new votes"), ("KL to parent", "KL to parent at PPO's last step"), ("optimizer", "optimizer and settings"),
     ("candidates", "candidates, predicted win rate over the start"), ("why", "why it ran so"),
 ]
 # Each candidate of the shown round, and the predictor's verdict on it.
