@@ -187,8 +187,8 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
     start_from). A reward model is trained on the votes first (or the newest reused, when the
     votes hold nothing new for it). With "auto", the default, DPO learns from the votes; with
     [round] trusted_optimizer "ppo" or "grpo", that optimises against the reward model instead
-    once it has predicted votes it never saw. The round says which and why. PPO, GRPO and DPO run as named whatever the
-    reward model has shown. Each trains [round] candidates policies, with their own seeds, on
+    once it has predicted votes it never saw. The round says which and why. PPO, GRPO and DPO
+    run as named whatever the reward model has shown. Each trains [round] candidates policies, with their own seeds, on
     the prompts not held back. Their average ([round] register), within [round] kl_budget,
     becomes the next version, or none does and the votes carry over; a predictor rates it
     against the start by the reward model on fresh answers to held-back prompts (with register
