@@ -8,6 +8,7 @@ connection. With no server running they open the database themselves and run the
 """
 
 import asyncio
+import dataclasses
 import getpass
 import ipaddress
 import json
@@ -22,6 +23,7 @@ from store.db import Connection, StoreError, utcnow
 from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
 from train.files import write_durably
 from ui.owner.backup import backup
+from ui.owner.check import check_project
 from ui.owner.project import Project
 
 SERVER_FILE = "tether.server.json"
@@ -54,6 +56,10 @@ def _set_password(con: Connection, project: Project, name: str, password_hash: s
     set_password_hash(con, name, password_hash, actor, utcnow())
 
 
+def _check(con: Connection, project: Project) -> dict:
+    return dataclasses.asdict(check_project(con, project))
+
+
 def _backup(con: Connection, project: Project, dest: str) -> dict:
     taken = backup(con, project.root, Path(dest))
     return {"votes": taken.votes, "adapters": taken.adapters}
@@ -66,13 +72,14 @@ ACTIONS: dict[str, Callable[..., Any]] = {
     "set_disabled": _set_disabled,
     "set_password": _set_password,
     "backup": _backup,
+    "check": _check,
 }
 # Actions on the running server's own state, with no database-only form.
 SERVER_ACTIONS: dict[str, Callable[[Any], Any]] = {
     "check_queue": lambda server: server.check_queue(),
 }
-# Actions that need no lock (Server.control_action): the backup reads its own snapshot, so votes go on while it copies.
-SNAPSHOT_ACTIONS = {"backup"}
+# Actions that need no lock (Server.control_action): they read a snapshot of their own, so votes go on meanwhile.
+SNAPSHOT_ACTIONS = {"backup", "check"}
 # Actions on an account (their first argument) after which it must sign in again.
 ACCOUNT_ACTIONS = {"set_disabled", "set_password"}
 
