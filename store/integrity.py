@@ -67,6 +67,15 @@ def record_files(con: Connection, adapter_path: str, digests: dict[str, str]) ->
     insert_values(con, "version_files (adapter_path, file, sha256)", [(adapter_path, f, d) for f, d in digests.items()])
 
 
+def holds_only_the_start(con: Connection) -> bool:
+    """The database as `tether init` makes it: its schema, and at most the starting model as policy 0."""
+    tables = [row[0] for row in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND table_name NOT IN ('schema_migrations', 'policies')").fetchall()]
+    if any(con.execute(f'SELECT count(*) FROM "{table}"').fetchall()[0][0] for table in tables):
+        return False
+    return con.execute("SELECT list(version) FROM policies").fetchall()[0][0] in (None, [0])
+
+
 @dataclass(frozen=True)
 class NamedFiles:
     """What the database names in the project's folder."""

@@ -19,6 +19,8 @@ from typing import Callable
 from store import Connection, transaction
 from store.db import utcnow
 from store.integrity import record_files
+from store.queue import release_leases
+from store.rounds import fail_interrupted_rounds
 from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
 from train.files import file_digests, partial_writes, sync, sync_tree, write_durably
 from ui.owner.project import Project
@@ -62,6 +64,17 @@ def register_adapter(con: Connection, project: Project, job: Job, adapter: Path,
         fault_point("before_commit")
     fault_point("after_commit")
     (job_dir / INTENT_FILE).unlink()
+
+
+def recover(con: Connection, project: Project) -> list[str]:
+    """What the server sets right as it starts, after however the last process ended; one line for each thing done."""
+    report = []
+    if released := release_leases(con, utcnow()):
+        report.append(f"released {released} leases left open by the last run")
+    report += reconcile(con, project)
+    if rounds := fail_interrupted_rounds(con, utcnow()):
+        report.append(f"marked {rounds} rounds failed: the last run stopped during them")
+    return report
 
 
 def reconcile(con: Connection, project: Project) -> list[str]:
