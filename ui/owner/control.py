@@ -10,6 +10,7 @@ connection. With no server running they open the database themselves and run the
 import asyncio
 import dataclasses
 import getpass
+import inspect
 import ipaddress
 import json
 import os
@@ -155,7 +156,13 @@ def routes(server: Any) -> list:
             return JSONResponse(await asyncio.to_thread(SERVER_ACTIONS[action], server))
         if action not in ACTIONS:
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
-        args = await request.json()
+        try:
+            args = await request.json()
+            if not isinstance(args, list):
+                raise ValueError("not a list")
+            inspect.signature(ACTIONS[action]).bind(None, None, *args)  # the connection and project come first
+        except (ValueError, TypeError) as e:
+            return JSONResponse({"error": f"the body must be a JSON list of {action}'s arguments: {e}"}, status_code=400)
         try:
             result = await asyncio.to_thread(server.control_action, action, *args)
         except StoreError as e:
