@@ -20,8 +20,10 @@ def next_reward_model_version(con: Connection) -> int:
 
 
 def add_snapshot(con: Connection, content_hash: str, rows: int, path: str) -> None:
-    """Record a frozen set of comparisons; the same content is recorded once."""
-    con.execute("INSERT INTO snapshots (hash, rows, path) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [content_hash, rows, path])
+    """Record the frozen comparisons a reward model is registered with; content met before now names this file, whose
+    job registered a model and so keeps its directory."""
+    con.execute("INSERT INTO snapshots (hash, rows, path) VALUES (?, ?, ?) ON CONFLICT (hash) DO UPDATE SET path = excluded.path",
+                [content_hash, rows, path])
 
 
 def add_reward_model(con: Connection, version: int, snapshot: str, adapter_path: str, metrics: dict[str, Any]) -> None:

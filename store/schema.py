@@ -270,4 +270,14 @@ MIGRATIONS = [
         -- The job whose adapter a version is: with candidates, a round has several policy jobs and registers one.
         ALTER TABLE policies ADD COLUMN job INTEGER;
     """),
+    Migration(12, "the files of registered versions", """
+        -- The sha256 of each file of a policy or reward-model version's directory as it was registered, by the
+        -- directory's path in the project: `tether check` finds a file changed or lost since.
+        CREATE TABLE version_files (
+            adapter_path VARCHAR NOT NULL,
+            file VARCHAR NOT NULL,                  -- relative to adapter_path
+            sha256 VARCHAR NOT NULL,
+            PRIMARY KEY (adapter_path, file)
+        );
+    """),
 ]

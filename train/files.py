@@ -9,12 +9,17 @@ Standard library only: the worker, the owner and the export all use it, and the 
 wait for torch to import.
 """
 
+import hashlib
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+# The start of the name built_beside builds under, followed by the builder's process id: one whose process is gone is
+# what a write that was killed left behind, which nothing names.
+PARTIAL = ".partial-"
 
 
 @contextmanager
@@ -26,7 +31,7 @@ def built_beside(target: Path) -> Iterator[Path]:
     fails, the hidden directory is removed, so a failure leaves `target` as it was and nothing beside it.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{PARTIAL}{os.getpid()}-{target.name}.", dir=target.parent))
     try:
         built = staging / target.name
         yield built
@@ -42,6 +47,29 @@ def write_durably(path: Path, text: str, mode: int = 0o666) -> None:
     with built_beside(path) as built:
         built.touch(mode=mode)
         built.write_text(text, encoding="utf-8")
+
+
+def partial_writes(folder: Path) -> list[Path]:
+    """What built_beside left in `folder` when the process building it was killed; not what a live process is building."""
+    left = []
+    for path in sorted(folder.glob(f"{PARTIAL}*")):
+        pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            left.append(path)
+        except (ValueError, PermissionError):  # not built_beside's, or a live process of another user's: left alone
+            pass
+    return left
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """The sha256 of every file under `directory`, by its path relative to it."""
+    digests = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with path.open("rb") as f:
+            digests[str(path.relative_to(directory))] = hashlib.file_digest(f, "sha256").hexdigest()
+    return digests
 
 
 def sync(path: Path) -> None:

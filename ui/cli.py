@@ -28,8 +28,9 @@ from store.status import project_counts
 from train.errors import ModelError
 from ui.owner.auth import WeakPassword, hash_new_password
 from ui.owner.backup import restore
+from ui.owner.check import check_project
 from ui.owner.control import command_line_actor, run_action
-from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, settings_reference
+from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, TetherConfig, settings_reference
 from ui.owner.jobs import (
     evaluate_reward_model, run_to_end, scoring_kind, submit_generation, submit_judging, submit_ppo, submit_reward_training,
     submit_scoring, trust_status,
@@ -657,11 +658,40 @@ def check_queue_command(project_dir: Path):
     sys.exit(1)
 
 
+@cli.command("check")
+@project_option
+def check_command(project_dir: Path):
+    """Check that the project is whole, and say what is not; exit 1 unless it is whole.
+
+    Reads and changes nothing: the database (every table read back, the references between
+    them), the settings file, every registered version's files against the digests taken as it
+    was registered, the snapshots of votes, the features cache, and what nothing names in the
+    folders Tether owns. With the app running, it checks through it while annotators vote.
+
+    \b
+    Example:
+        tether check --project demo
+    """
+    root = project_dir.resolve()
+    try:
+        project = load_project(root)
+    except ConfigError:  # the check reports the settings' problem with the rest
+        project = Project(root, TetherConfig())
+    report = run_action(project, "check")
+    if not report["problems"]:
+        click.echo(f"{root} is whole. Checked:\n" + "\n".join(f"  {line}" for line in report["checked"]))
+        return
+    count = len(report["problems"])
+    click.echo(f"{root} is not whole: {count} problem{'s' if count > 1 else ''}\n"
+               + "\n".join(f"  - {line}" for line in report["problems"]), err=True)
+    sys.exit(1)
+
+
 @cli.command("restore")
 @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @project_option
 def restore_command(src: Path, project_dir: Path):
-    """Make a project from a backup, in a new or empty directory; it never overwrites a project.
+    """Make a project from a backup, in a new or empty directory, and check it; it never overwrites a project.
 
     \b
     Example:
@@ -669,6 +699,10 @@ def restore_command(src: Path, project_dir: Path):
     """
     restored = restore(src, project_dir)
     click.echo(f"restored {restored.votes} votes and {len(restored.adapters)} adapters into {project_dir.resolve()}")
+    project = load_project(project_dir)
+    if problems := project.run(check_project, project).problems:
+        click.echo("but the restored project is not whole (`tether check`):\n" + "\n".join(f"  - {p}" for p in problems), err=True)
+        sys.exit(1)
 
 
 @cli.command()

@@ -229,6 +229,13 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
     assert job.config["policy_version"] == 3
     assert {r["pair_id"] for r in read_parquet(tiny_project / "jobs" / str(job.id) / "inputs" / "preferences.parquet")} == voted
 
+    # A backup carries the votes the DPO jobs behind each version learnt: restored, the next DPO job learns the same.
+    run_tether("backup", str(tmp_path / "backup"), "--project", str(tiny_project), check=True)
+    run_tether("restore", str(tmp_path / "backup"), "--project", str(tmp_path / "restored"), check=True)
+    restored = load_project(tmp_path / "restored")
+    job = submit_dpo(restored, restored.run)
+    assert {r["pair_id"] for r in read_parquet(restored.root / "jobs" / str(job.id) / "inputs" / "preferences.parquet")} == voted
+
 
 def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads_are_confident():
     prompts = PROMPTS[:3]

@@ -1,13 +1,15 @@
 """Files put in place whole (train.files), and the preference snapshot's one shape (train.snapshot)."""
 
 import ast
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import fields
 
 import pytest
 
-from train.files import built_beside, write_durably
+from train.files import built_beside, partial_writes, write_durably
 from train.snapshot import SCHEMA, PreferenceRow, conversational, preference_table, read_preferences
 from tests.conftest import REPO
 
@@ -22,12 +24,29 @@ ROWS = [
 def test_a_directory_is_built_beside_its_place_and_renamed_in_whole(tmp_path):
     target = tmp_path / "v1"
     with built_beside(target) as built:
-        assert built.parent.parent == tmp_path and built.parent.name.startswith(".v1.") and not built.exists()
+        assert built.parent.parent == tmp_path and built.parent.name.startswith(f".partial-{os.getpid()}-v1.") and not built.exists()
         (built / "inner").mkdir(parents=True)
         (built / "inner" / "weights").write_bytes(b"\0" * 1000)
         assert not target.exists()  # nothing shows until the block ends
     assert (target / "inner" / "weights").read_bytes() == b"\0" * 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]  # the staging directory is gone
+
+
+def test_what_a_killed_builder_left_is_found_and_what_a_live_one_builds_is_not(tmp_path):
+    builder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from train.files import built_beside\n"
+        "with built_beside(Path(sys.argv[1]) / 'v1') as built:\n"
+        "    built.mkdir(); print('building', flush=True); time.sleep(60)"), str(tmp_path)], stdout=subprocess.PIPE, cwd=REPO, text=True)
+    try:
+        assert builder.stdout.readline() == "building\n"
+        with built_beside(tmp_path / "v2") as built:
+            built.mkdir()
+            assert partial_writes(tmp_path) == []  # both builders live
+    finally:
+        builder.send_signal(signal.SIGKILL)
+        builder.wait()
+    (left,) = partial_writes(tmp_path)
+    assert left.name.startswith(f".partial-{builder.pid}-v1.") and not (tmp_path / "v1").exists()
 
 
 def test_a_failure_in_the_block_leaves_neither_target_nor_staging(tmp_path):

@@ -17,6 +17,7 @@ OPERATOR_CALLS = {
     "/operator_data": (),
     "/mark_agreed_gold": (),
     "/ask_the_judge": (),
+    "/check_project": (),
     "/jobs": (),
     "/job_log": (1,),
     "/cancel_job": (1,),
@@ -78,6 +79,7 @@ def test_the_same_endpoints_work_for_an_operator(project):
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
         assert "0 pairs with two or more votes" in agreement and judges.startswith("No AI judge")
         assert gold == "0 gold pairs · flagged: no one"
+        assert operator.predict(api_name="/check_project").startswith("Whole. Checked:\n- the database: every table read back")
         assert operator.predict(api_name="/mark_agreed_gold") == "Marked 0 pairs gold: those with 2 or more votes, all alike."
         assert "Imported 28 prompts" in operator.predict(*OPERATOR_CALLS["/import_prompts"], api_name="/import_prompts")
         assert operator.predict(*OPERATOR_CALLS["/generate"], api_name="/generate").startswith("Queued job 1")

@@ -22,6 +22,7 @@ from store.completions import NewCompletion
 from store.jobs import add_job
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
+from train.files import partial_writes
 from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, tmpfs, toy_preferences, vote_every_pair
 
 PASSWORD = "password-123"
@@ -100,6 +101,8 @@ def test_a_backup_taken_while_annotators_vote_holds_every_vote_acknowledged_befo
     assert (restored / "tether.toml").read_text() == (tiny_project / "tether.toml").read_text()
     status = run_tether("status", "--project", str(restored))
     assert status.returncode == 0 and "reward models v1" in " ".join(status.stdout.split())
+    # The next reward model reads which votes v1 trained on, from the snapshot the backup carried.
+    run_tether("rm", "train", "--project", str(restored), check=True)
 
 
 def test_restore_never_overwrites_a_project_and_backup_never_overwrites_a_directory(tiny_project, tmp_path):
@@ -117,7 +120,7 @@ def test_restore_never_overwrites_a_project_and_backup_never_overwrites_a_direct
     assert refused.returncode == 1 and "not empty" in refused.stderr
     not_a_backup = run_tether("restore", str(tmp_path / "busy"), "--project", str(tmp_path / "new"))
     assert not_a_backup.returncode == 1 and "is not a Tether backup" in not_a_backup.stderr
-    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.*"))
+    assert not (tmp_path / "new").exists() and not partial_writes(tmp_path)
 
 
 def test_restore_refuses_a_manifest_naming_paths_outside_the_backup(tiny_project, tmp_path):
@@ -128,6 +131,9 @@ def test_restore_refuses_a_manifest_naming_paths_outside_the_backup(tiny_project
     (dest / "backup.json").write_text(json.dumps(manifest | {"adapters": ["../secret"]}))
     refused = run_tether("restore", str(dest), "--project", str(tmp_path / "new" / "project"))
     assert refused.returncode == 1 and "field 'adapters': '../secret' is not a version directory" in refused.stderr
+    (dest / "backup.json").write_text(json.dumps(manifest | {"inputs": ["jobs/1/inputs/../../../secret/x.parquet"]}))
+    refused = run_tether("restore", str(dest), "--project", str(tmp_path / "new" / "project"))
+    assert refused.returncode == 1 and "field 'inputs': 'jobs/1/inputs/../../../secret/x.parquet' is not a job's input" in refused.stderr
     assert not (tmp_path / "new" / "project").exists() and not (tmp_path / "new" / "secret").exists()
 
 

@@ -36,6 +36,27 @@ def test_init_refuses_an_existing_project_and_local_models_are_made_absolute(tmp
         init_project(tmp_path / "p")
 
 
+def test_init_killed_before_it_wrote_the_settings_is_finished_by_the_next_init_but_votes_are_never_overwritten(
+        tmp_path, tiny_model_dir):
+    from contextlib import closing
+
+    from store import open_database
+    from store.policies import add_policy
+
+    root = tmp_path / "p"
+    root.mkdir()
+    with closing(open_database(root / "tether.duckdb")) as con:  # what init had done when it was killed
+        add_policy(con, version=0, adapter_path=None)
+    project = init_project(root, model=str(tiny_model_dir))
+    assert (root / "tether.toml").exists() and run_tether("check", "--project", str(root)).returncode == 0
+    with closing(project.connect()) as con:
+        assert con.execute("SELECT version FROM policies").fetchall() == [(0,)]
+        con.execute("INSERT INTO users (name, role, password_hash) VALUES ('ann', 'annotator', 'x')")
+    (root / "tether.toml").unlink()
+    with pytest.raises(ProjectError, match="holds a Tether database .* but no tether.toml"):
+        init_project(root, model=str(tiny_model_dir))
+
+
 def test_commands_outside_a_project_say_how_to_make_one(tmp_path):
     result = run_tether("status", "--project", str(tmp_path))
     assert result.returncode == 1

@@ -57,6 +57,8 @@ def assert_consistent(project: Path) -> None:
     assert all(holds_a_model(project / path) for path in registered)
     assert not list(project.glob(f"jobs/*/{INTENT_FILE}"))
     assert rows(project, "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')") == [(0,)]
+    check = run_tether("check", "--project", str(project))
+    assert check.returncode == 0, check.stderr
 
 
 @pytest.mark.parametrize("step", INGEST_STEPS)

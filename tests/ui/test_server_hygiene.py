@@ -78,3 +78,22 @@ def test_an_unexpected_error_shows_an_id_and_the_log_has_its_details(project, ca
     assert "duckdb" not in message.lower() and "connection" not in message.lower()
     log = capfd.readouterr().err
     assert f"error {error_id} in next_pair:" in log and "duckdb" in log.lower()
+
+
+def test_a_call_refused_by_gradios_own_input_checks_is_one_line_in_the_log_not_a_traceback(project, capfd):
+    with serving(project) as (server, url):
+        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        with pytest.raises(Exception, match="Refused: this call's input is not what it takes"):
+            operator.predict("xml\nrefused forged: a line of the attacker's", False, 0, api_name="/export")  # not a format
+        with pytest.raises(Exception, match="Refused"):
+            operator.predict([1, 2], api_name="/set_schedule")  # a list where a number is due
+        annotator = Client(url, auth=("ann", PASSWORD), verbose=False)
+        annotator.predict("not a token of ann's", None, "", api_name="/vote_left")  # refused by the queue
+    log = capfd.readouterr().err
+    assert "Traceback" not in log, log
+    refusals = [line for line in log.splitlines() if line.startswith("refused ")]
+    assert len(refusals) == 3, log
+    assert refusals[0].startswith("refused export_data: its input is not what it takes: ")
+    assert refusals[1].startswith("refused set_schedule: its input is not what it takes: ")
+    assert refusals[2].startswith("refused vote by ann: ")
+    assert not any(line.startswith("refused forged") for line in log.splitlines())

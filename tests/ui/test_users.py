@@ -160,8 +160,15 @@ def test_the_control_route_wants_the_servers_token(tiny_project):
         assert httpx.post(url, json=[], headers={"Authorization": "Bearer guessed"}).status_code == 403
         token = json.loads((tiny_project / "tether.server.json").read_text())["token"]
         assert httpx.post(url, json=[], headers={"Authorization": f"Bearer {token}"}).json() == []
+        signed = {"Authorization": f"Bearer {token}"}
+        for body in (b"not json", b'{"name": "x"}', b"[1, 2, 3]"):  # malformed, not a list, too many arguments
+            refused = httpx.post(url, content=body, headers=signed)
+            assert refused.status_code == 400 and "the body must be a JSON list of users's arguments" in refused.json()["error"]
+        refused = httpx.post(server.url + "tether/control/set_disabled", json=["ann"], headers=signed)  # too few
+        assert refused.status_code == 400
     finally:
         server.stop()
+    assert "Traceback" not in server.log.read_text()
 
 
 def test_an_operator_manages_accounts_in_the_app_and_cannot_disable_themself(tiny_project):

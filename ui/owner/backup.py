@@ -1,9 +1,10 @@
-"""`tether backup` and `tether restore`: a project's database, settings and registered adapters, copied consistently.
+"""`tether backup` and `tether restore`: a project's database, settings, registered adapters and the votes each
+reward model trained on (frozen in its job's directory: the next training reads which votes are new), copied consistently.
 
 The database is copied from one transaction's snapshot (DuckDB's COPY FROM DATABASE), so a
 backup taken while annotators vote holds every vote committed before it began and none half
-written, and the writer is never paused. Registered adapter directories never change once their
-version row exists, so they are copied after the snapshot, outside it.
+written, and the writer is never paused. Registered adapter directories and frozen inputs never
+change once their rows exist, so they are copied after the snapshot, outside it.
 
 A backup is not trusted when it is restored: one holding a symbolic link is refused, and its
 database file is read with no access to other files, its rows copied into a new database that
@@ -20,18 +21,32 @@ from typing import Iterator
 
 from store.backups import copy_database, restore_database
 from store.db import Connection, StoreError, open_database, utcnow
+from store.integrity import named_files
 from store.jobs import registered_adapter_paths
+from store.reward_models import list_reward_models
 from train.files import built_beside
+from train.jobdir import input_path
+from ui.owner.check import dpo_preferences
 from ui.owner.project import CONFIG_FILE, DATABASE_FILE
 
 MANIFEST = "backup.json"
 ADAPTER_PATH = re.compile(r"(reward_models|policies)/v[0-9]+")
+INPUT_PATH = re.compile(r"jobs/[0-9]+/inputs/[a-z_]+\.parquet")
 
 
 @dataclass(frozen=True)
 class Backup:
     votes: int
     adapters: list[str]
+    inputs: list[str]  # the frozen inputs of reward models, relative to the project
+
+
+def _trained_on(con: Connection) -> list[str]:
+    """The votes frozen for later training: each reward model's snapshot, with the rankings beside it when it fitted
+    some whole, and the votes of the DPO jobs behind each policy."""
+    named = named_files(con)
+    rankings = [str(input_path(Path("jobs") / str(rm.metrics["job"]), "rankings")) for rm in list_reward_models(con) if "job" in rm.metrics]
+    return sorted({*named.snapshots, *rankings, *map(dpo_preferences, named.dpo_jobs)})
 
 
 def backup(con: Connection, root: Path, dest: Path) -> Backup:
@@ -45,16 +60,20 @@ def backup(con: Connection, root: Path, dest: Path) -> Backup:
         partial.mkdir(mode=0o700)  # the database holds password hashes: the backup is its owner's alone
         snapshot = con.cursor()  # its own connection: the snapshot is not blocked by, and does not block, votes
         try:
-            adapters, votes = copy_database(snapshot, partial / DATABASE_FILE, lambda con: (
-                sorted(registered_adapter_paths(con)), con.execute("SELECT count(*) FROM comparisons").fetchone()[0]))
+            adapters, inputs, votes = copy_database(snapshot, partial / DATABASE_FILE, lambda con: (
+                sorted(registered_adapter_paths(con)), _trained_on(con), con.execute("SELECT count(*) FROM comparisons").fetchone()[0]))
         finally:
             snapshot.close()
         for adapter in adapters:
             shutil.copytree(root / adapter, partial / adapter)
+        inputs = [name for name in inputs if (root / name).exists()]  # a version that fitted no rankings has none
+        for name in inputs:
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, partial / name)
         shutil.copy2(root / CONFIG_FILE, partial / CONFIG_FILE)
-        manifest = {"taken_at": utcnow().isoformat(), "from": str(root), "votes": votes, "adapters": adapters}
+        manifest = {"taken_at": utcnow().isoformat(), "from": str(root), "votes": votes, "adapters": adapters, "inputs": inputs}
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return Backup(votes, adapters)
+    return Backup(votes, adapters, inputs)
 
 
 def restore(src: Path, root: Path) -> Backup:
@@ -69,18 +88,25 @@ def restore(src: Path, root: Path) -> Backup:
     _refuse_links(src, MANIFEST)
     try:
         manifest = json.loads((src / MANIFEST).read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("adapters"), list):
+            raise ValueError("it names no adapters")
     except (OSError, ValueError) as e:
         raise StoreError(f"{src} is not a Tether backup ({MANIFEST}: {e})") from None
-    for adapter in manifest["adapters"]:  # names from a file: nothing outside the backup is read, or outside root written
-        if not ADAPTER_PATH.fullmatch(adapter):
-            raise StoreError(f"{src / MANIFEST}: field 'adapters': {adapter!r} is not a version directory such as reward_models/v1")
-    for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"]):
+    inputs = manifest.get("inputs", [])  # backups before Tether kept them have none
+    # Names from a file: nothing outside the backup is read, or outside root written.
+    for field, pattern, example in (("adapters", ADAPTER_PATH, "a version directory such as reward_models/v1"),
+                                    ("inputs", INPUT_PATH, "a job's input such as jobs/3/inputs/preferences.parquet")):
+        for name in manifest.get(field, []):
+            if not isinstance(name, str) or not pattern.fullmatch(name):
+                raise StoreError(f"{src / MANIFEST}: field '{field}': {name!r} is not {example}")
+    for name in (CONFIG_FILE, DATABASE_FILE, *manifest["adapters"], *inputs):
         _refuse_links(src, name)
         if not (src / name).exists():
             raise StoreError(f"{src} is incomplete: {name} is missing")
     with built_beside(root) as partial:
         partial.mkdir(mode=0o700)  # as the backup was made
-        for name in (CONFIG_FILE, *manifest["adapters"]):  # a link that appeared since the check is copied, never followed
+        for name in (CONFIG_FILE, *manifest["adapters"], *inputs):  # a link that appeared since the check is copied, never followed
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
             if (src / name).is_dir():
                 shutil.copytree(src / name, partial / name, symlinks=True)
             else:
@@ -94,7 +120,7 @@ def restore(src: Path, root: Path) -> Backup:
             con.close()
         if missing:
             raise StoreError(f"{src} is incomplete: the database registers {', '.join(missing)}, which it does not hold")
-    return Backup(votes, manifest["adapters"])
+    return Backup(votes, manifest["adapters"], inputs)
 
 
 def _refuse_links(src: Path, name: str) -> None:

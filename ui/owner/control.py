@@ -8,7 +8,9 @@ connection. With no server running they open the database themselves and run the
 """
 
 import asyncio
+import dataclasses
 import getpass
+import inspect
 import ipaddress
 import json
 import os
@@ -22,6 +24,7 @@ from store.db import Connection, StoreError, utcnow
 from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
 from train.files import write_durably
 from ui.owner.backup import backup
+from ui.owner.check import check_project
 from ui.owner.project import Project
 
 SERVER_FILE = "tether.server.json"
@@ -54,6 +57,10 @@ def _set_password(con: Connection, project: Project, name: str, password_hash: s
     set_password_hash(con, name, password_hash, actor, utcnow())
 
 
+def _check(con: Connection, project: Project) -> dict:
+    return dataclasses.asdict(check_project(con, project))
+
+
 def _backup(con: Connection, project: Project, dest: str) -> dict:
     taken = backup(con, project.root, Path(dest))
     return {"votes": taken.votes, "adapters": taken.adapters}
@@ -66,13 +73,14 @@ ACTIONS: dict[str, Callable[..., Any]] = {
     "set_disabled": _set_disabled,
     "set_password": _set_password,
     "backup": _backup,
+    "check": _check,
 }
 # Actions on the running server's own state, with no database-only form.
 SERVER_ACTIONS: dict[str, Callable[[Any], Any]] = {
     "check_queue": lambda server: server.check_queue(),
 }
-# Actions that need no lock (Server.control_action): the backup reads its own snapshot, so votes go on while it copies.
-SNAPSHOT_ACTIONS = {"backup"}
+# Actions that need no lock (Server.control_action): they read a snapshot of their own, so votes go on meanwhile.
+SNAPSHOT_ACTIONS = {"backup", "check"}
 # Actions on an account (their first argument) after which it must sign in again.
 ACCOUNT_ACTIONS = {"set_disabled", "set_password"}
 
@@ -148,7 +156,13 @@ def routes(server: Any) -> list:
             return JSONResponse(await asyncio.to_thread(SERVER_ACTIONS[action], server))
         if action not in ACTIONS:
             return JSONResponse({"error": f"no action {action!r}"}, status_code=404)
-        args = await request.json()
+        try:
+            args = await request.json()
+            if not isinstance(args, list):
+                raise ValueError("not a list")
+            inspect.signature(ACTIONS[action]).bind(None, None, *args)  # the connection and project come first
+        except (ValueError, TypeError) as e:
+            return JSONResponse({"error": f"the body must be a JSON list of {action}'s arguments: {e}"}, status_code=400)
         try:
             result = await asyncio.to_thread(server.control_action, action, *args)
         except StoreError as e:

@@ -49,7 +49,7 @@ from train.config import RewardModelConfig
 from train.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
 from train.snapshot import PreferenceRow, RankingRow, preference_table, ranking_table
 from ui.owner.project import Project
-from ui.owner.recovery import reconcile, record_worker, register_adapter
+from ui.owner.recovery import FEATURES_DIR, reconcile, record_worker, register_adapter
 
 Run = Callable[..., Any]
 POLL_SECONDS = 0.5
@@ -240,8 +240,6 @@ def _trains_as(settings: dict[str, Any]) -> dict[str, Any]:
     """The [reward_model] settings that shape a version, as its job's config stores them: trust only decides its use."""
     return {k: v for k, v in json.loads(json.dumps(settings)).items() if k != "trust"}
 
-
-FEATURES_DIR = "features"  # in the project: answers' features, read once by a head's jobs (train.features.FeatureCache)
 
 # A version can be continued only by an adapter of its own shape on its own base model.
 ADAPTER_SETTINGS = ("heads", "lora_r", "lora_alpha", "lora_dropout", "target_modules")
@@ -505,12 +503,10 @@ def _submit(
     job = run(add_job, kind, config, round_id)
     directory = job_dir(project, job.id)
     try:
-        written = write_job(directory, kind, config, inputs)
+        write_job(directory, kind, config, inputs)
     except OSError as e:
         run(finish_job, job.id, "failed", utcnow(), f"cannot write {directory}: {e}")
         raise JobError(f"cannot write the job directory {directory}: {e}") from None
-    for name, content_hash in written["inputs"].items():
-        run(add_snapshot, content_hash, inputs[name].num_rows, str(input_path(directory, name).relative_to(project.root)))
     return job
 
 
@@ -558,9 +554,10 @@ def ingest_reward_model(con: Connection, job: Job, directory: Path, result: dict
     target = Path("reward_models") / f"v{version}"
     metrics = result["metrics"]
     steps = [e for e in read_events(directory, 0)[0] if "loss" in e]
-    snapshot = read_job(directory)["inputs"]["preferences"]
+    snapshot, snapshot_file = read_job(directory)["inputs"]["preferences"], input_path(directory, "preferences")
 
     def add_rows() -> None:
+        add_snapshot(con, snapshot, pq.read_metadata(snapshot_file).num_rows, str(snapshot_file.relative_to(project.root)))
         add_reward_model(con, version, snapshot, str(target), {**metrics, "job": job.id})
         if job.round is not None:
             set_reward_version(con, job.round, version)

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from store import Connection, open_database
-from store.policies import add_policy
+from store.integrity import holds_only_the_start
+from store.policies import add_policy, policy_versions
 from train.config import Hardware, ModelConfig
 from ui.owner.config import TetherConfig, read_config, settings_for, write_config
 
@@ -41,9 +42,11 @@ class Project:
 def init_project(root: Path, model: str | None = None, hardware: Hardware | None = None) -> Project:
     """Write tether.toml with settings for the hardware (found when not given) and create the database,
     with the starting model as policy version 0. The project's `profile` says which settings it chose."""
-    for name in (CONFIG_FILE, DATABASE_FILE):
-        if (root / name).exists():
-            raise ProjectError(f"{root} already holds a Tether project ({name} exists)")
+    if (root / CONFIG_FILE).exists():
+        raise ProjectError(f"{root} already holds a Tether project ({CONFIG_FILE} exists)")
+    if (root / DATABASE_FILE).exists() and not _as_init_left_it(root / DATABASE_FILE):
+        raise ProjectError(f"{root} holds a Tether database ({DATABASE_FILE}) but no {CONFIG_FILE}: put back its settings "
+                           "from a backup, or restore the backup")
     if model is not None and Path(model).exists():
         model = str(Path(model).resolve())  # so the project works from any directory
     if hardware is None:
@@ -56,10 +59,17 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
     root.mkdir(parents=True, exist_ok=True)
     project = Project(root.resolve(), config)
     with closing(project.connect()) as con:
-        add_policy(con, version=0, adapter_path=None)
+        if not policy_versions(con):  # an init killed before it wrote the settings made it already
+            add_policy(con, version=0, adapter_path=None)
     write_config(root / CONFIG_FILE, config)  # last: a project exists only once its database does
     project.profile = profile
     return project
+
+
+def _as_init_left_it(path: Path) -> bool:
+    """Whether a database holds nothing but what `tether init` writes: the leftover of an init killed before its last step."""
+    with closing(open_database(path)) as con:
+        return holds_only_the_start(con)
 
 
 def _fit_to_memory(config: TetherConfig, hardware: Hardware) -> list[str]:

@@ -11,20 +11,25 @@ since the version number is chosen afresh from the rows at the next ingest.
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Callable
 
 from store import Connection, transaction
 from store.db import utcnow
+from store.integrity import record_files
+from store.queue import release_leases
+from store.rounds import fail_interrupted_rounds
 from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
-from train.files import sync, sync_tree, write_durably
+from train.files import file_digests, partial_writes, sync, sync_tree, write_durably
 from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
 WORKER_PID_FILE = "worker.pid"
 ORPHANED_DIR = "orphaned"
 VERSION_DIRS = ("reward_models", "policies")
+FEATURES_DIR = "features"  # answers' features, read once by a head's jobs (train.features.FeatureCache)
 # Set only by the fault-injection tests: the name of an ingest step at which this process kills itself.
 KILL_AT_ENV = "TETHER_TEST_KILL_AT"
 
@@ -48,15 +53,28 @@ def register_adapter(con: Connection, project: Project, job: Job, adapter: Path,
     # The worker synced what it built, but the row is this process's promise that the files are
     # whole: so it makes sure, whatever wrote them, and makes the new names survive a power cut too.
     sync_tree(adapter)
+    digests = file_digests(adapter)  # what `tether check` holds the version's files to from now on
     adapter.rename(final)
     sync(final.parent)
     sync(final.parent.parent)  # the first version of a kind made its directory
     fault_point("after_rename")
     with transaction(con):
         add_rows()
+        record_files(con, str(target), digests)
         fault_point("before_commit")
     fault_point("after_commit")
     (job_dir / INTENT_FILE).unlink()
+
+
+def recover(con: Connection, project: Project) -> list[str]:
+    """What the server sets right as it starts, after however the last process ended; one line for each thing done."""
+    report = []
+    if released := release_leases(con, utcnow()):
+        report.append(f"released {released} leases left open by the last run")
+    report += reconcile(con, project)
+    if rounds := fail_interrupted_rounds(con, utcnow()):
+        report.append(f"marked {rounds} rounds failed: the last run stopped during them")
+    return report
 
 
 def reconcile(con: Connection, project: Project) -> list[str]:
@@ -77,6 +95,10 @@ def reconcile(con: Connection, project: Project) -> list[str]:
             if relative not in registered:  # not from an ingest that wrote an intent: which job made it is unknown
                 moved = set_aside(path, jobs_root)
                 report.append(f"{relative} is not a registered version: moved to {moved.relative_to(project.root)}")
+    for folder in written_folders(project.root):
+        for path in partial_writes(folder):
+            shutil.rmtree(path, ignore_errors=True)
+            report.append(f"removed {path.relative_to(project.root)}, left by a write that was killed")
     for relative in sorted(registered):
         if not (project.root / relative).exists():
             report.append(f"{relative} is registered but missing from disk: restore it from a backup")
@@ -93,6 +115,13 @@ def reconcile(con: Connection, project: Project) -> list[str]:
     if failed := fail_interrupted(con, utcnow(), keep=alive):
         report.append(f"marked {failed} job{'s' if failed > 1 else ''} failed: the process running it stopped")
     return report
+
+
+def written_folders(root: Path) -> list[Path]:
+    """The project's folders that things are put in place in whole (train.files.built_beside), and may be left half
+    built in by a process that was killed: the project itself, the versions' folders and the features cache's."""
+    features = root / FEATURES_DIR
+    return [folder for folder in (root, *(root / kind for kind in VERSION_DIRS), features, *features.glob("*/")) if folder.is_dir()]
 
 
 def set_aside(path: Path, job_dir: Path) -> Path:

@@ -27,8 +27,9 @@ from typing import Any
 from annotate.ratings import (
     Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, lead_probability, length_controlled, measured_share,
 )
-from store import Connection, StoreError
+from store import Connection, StoreError, transaction
 from store.db import utcnow
+from store.integrity import record_files
 from store.jobs import Job, job_metrics, metric_series, round_jobs
 from store.completions import completions_of, paired_texts
 from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
@@ -38,7 +39,7 @@ from store.rounds import (
     AVERAGE, Candidate, Round, add_candidate, add_note, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice,
 )
 from store.stats import version_games, version_votes
-from train.files import built_beside
+from train.files import built_beside, file_digests
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
@@ -429,8 +430,16 @@ def roll_back(project: Project, run: Run, version: int) -> Policy:
         return run(add_rollback, plan, None)
     target = project.root / "policies" / f"v{plan.version}"
     copy = _copy_atomically(project.root / plan.to.adapter_path, target)
+    path, digests = str(target.relative_to(project.root)), file_digests(target)
+
+    def register(con: Connection) -> Policy:
+        with transaction(con):
+            policy = add_rollback(con, plan, path)
+            record_files(con, path, digests)
+        return policy
+
     try:
-        return run(add_rollback, plan, str(target.relative_to(project.root)))
+        return run(register)
     except BaseException:
         run(_remove_copy, target, copy)
         raise

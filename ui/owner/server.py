@@ -24,14 +24,13 @@ from store.db import NotSaved, utcnow
 from store.jobs import Job
 from store.prompt_files import read_prompt_file
 from store.prompts import ImportResult, add_prompts
-from store.queue import release_leases
-from store.rounds import current_job_id, fail_interrupted_rounds, finish_round, running_round
+from store.rounds import current_job_id, finish_round, running_round
 from store.users import User, get_user, set_password_hash
 from ui.owner import control
 from ui.owner.auth import Sessions, SignInGuard
 from ui.owner.config import ConfigError, set_setting
 from ui.owner.project import CONFIG_FILE, Project
-from ui.owner.recovery import reconcile
+from ui.owner.recovery import recover
 from ui.owner.runner import JobQueue
 
 
@@ -53,13 +52,8 @@ class Server:
         self.con = project.connect()
         self.lock = threading.Lock()
         self.settings_lock = threading.Lock()  # one change of tether.toml at a time
-        released = self.db(release_leases, utcnow())
-        if released:
-            print(f"released {released} leases left open by the last run")
-        for line in self.db(reconcile, project):
+        for line in self.db(recover, project):
             print(line)
-        if rounds := self.db(fail_interrupted_rounds, utcnow()):
-            print(f"marked {rounds} rounds failed: the last run stopped during them")
         self.queue = self.db(LiveQueue.load, project.config.queue, utcnow())
         self.arrivals: deque[_Arrival] = deque()  # annotators' actions waiting for the writer
         self.exports = Path(tempfile.mkdtemp(prefix="tether-exports-"))

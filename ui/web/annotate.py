@@ -14,7 +14,7 @@ from store.queue import Assignment
 from store.rankings import answer_label
 from store.users import User
 from ui.owner.server import Refused, Server
-from ui.web.common import count, user_errors, with_error_ids
+from ui.web.common import count, log_refusal, user_errors, with_error_ids
 
 # Screen choice, button label, key. The keys are shown on the buttons and read by KEYS_JS.
 CHOICES = [
@@ -197,6 +197,7 @@ def shown(server: Server, user: User, action: Action) -> tuple:
     outcome, votes, left = server.annotate(action)
     message = outcome.refused
     if message:
+        log_refusal(f"{action.kind} by {user.name}", message)
         outcome, votes, left = server.annotate(Action("serve", user.name))
     return _view(user, outcome.assignment, votes, left + (outcome.assignment is not None), message)
 

@@ -18,7 +18,7 @@ from ui.owner.project import Project
 from ui.owner.server import Server
 from ui.web.accounts import build_accounts
 from ui.web.annotate import CSS, KEYS_JS, build_annotate
-from ui.web.common import with_error_ids
+from ui.web.common import LOGGED_CHARACTERS, log_refusal, refused, with_error_ids
 from ui.web.data import build_data
 from ui.web.export import build_export
 from ui.web.generate import build_generate
@@ -32,6 +32,21 @@ DATA_REFRESH_SECONDS = 10
 GRADIO_FILES = "gradio-files"  # the project's folder for Gradio's uploads and downloads, its owner's alone
 
 
+class Blocks(gr.Blocks):
+    """Gradio's Blocks, but a call whose input Gradio's own checks refuse (a value not among a dropdown's choices, a
+    list where a number is due, too few values) is refused as Tether refuses one: its reason to the caller, one line
+    to the log. Gradio logs a traceback for each, and an operator could not tell an attack from a fault of Tether's."""
+
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except Exception as e:
+            detail = e.message if isinstance(e, gr.Error) else e
+            log_refusal(block_fn.name, f"its input is not what it takes: {detail}")
+            reason = " ".join(str(detail).split())[:LOGGED_CHARACTERS]
+            raise refused(f"Refused: this call's input is not what it takes ({reason})") from None
+
+
 def build_app(server: Server) -> gr.Blocks:
     @with_error_ids
     def operator_controls(request: gr.Request) -> tuple:
@@ -41,7 +56,7 @@ def build_app(server: Server) -> gr.Blocks:
 
     keep = server.project.config.server.export_seconds
     # delete_cache: Gradio's own copies of the export files go after the same time as ours.
-    with gr.Blocks(title="Tether", delete_cache=(keep, keep)) as app:
+    with Blocks(title="Tether", delete_cache=(keep, keep)) as app:
         gr.Markdown("## Tether: which response is better?")
         build_annotate(server, app)
         # Refresh the operator's views; switched on at sign-in for operators only.

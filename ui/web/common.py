@@ -21,21 +21,33 @@ from ui.owner.server import Refused
 QUIET = dict(api_visibility="undocumented", show_progress="hidden")
 
 
+LOGGED_CHARACTERS = 300  # of a refusal's reason: a caller's input in it must not flood the log
+
+
 def refused(message: str) -> gr.Error:
-    """A message for the user that is not a fault of the server: logged without a traceback."""
+    """A message for the user that is not a fault of the server: logged in one line (log_refusal), without a traceback."""
     return gr.Error(message, print_exception=False)
 
 
+def log_refusal(call: str, reason: str) -> None:
+    """One line in the server's log for a refused call: the caller's text in it can start no line of its own."""
+    reason = " ".join(str(reason).split())
+    print(f"refused {call}: {reason[:LOGGED_CHARACTERS]}", file=sys.stderr, flush=True)
+
+
 def with_error_ids(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """An unexpected error reaches the user as a short message with an id; its details go to the server log under that id."""
+    """A refusal reaches the user as its reason and the log as one line; an unexpected error reaches the user as a
+    short message with an id, and its details go to the server log under that id."""
 
     @functools.wraps(handler)  # Gradio reads the handler's signature for its gr.Request parameter
     def reported(*args: Any, **kwargs: Any) -> Any:
         try:
             return handler(*args, **kwargs)
-        except gr.Error:
+        except gr.Error as e:
+            log_refusal(handler.__name__, e.message)
             raise
         except Refused as e:
+            log_refusal(handler.__name__, str(e))
             raise refused(str(e)) from None
         except Exception as e:
             error_id = secrets.token_hex(4)

@@ -60,6 +60,14 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
             job = submit_judging(server.project, server.db, read=server.snapshot)
         return f"Queued job {job.id}: the AI judge votes on the pairs it has not voted on; its progress shows under Jobs."
 
+    @with_error_ids
+    def check_project(request: gr.Request) -> str:
+        server.operator(request.username)
+        report = server.control_action("check")
+        if report["problems"]:
+            return "Not whole:\n" + "\n".join(f"- {problem}" for problem in report["problems"])
+        return "Whole. Checked:\n" + "\n".join(f"- {line}" for line in report["checked"])
+
     with gr.Tab("Data") as tab:
         refresh = gr.Button("Refresh")
         states = gr.Dataframe(headers=["pair state", "pairs"], label="Pairs", interactive=False)
@@ -81,9 +89,14 @@ def build_data(server: Server, timer: gr.Timer, operator_tab: gr.Tab) -> None:
                                 interactive=False, scale=4)
             judge = gr.Button("Ask the AI judge", scale=1)
         judged = gr.Textbox(label="Result", interactive=False)
+        with gr.Row(equal_height=True):
+            checked = gr.Textbox(label="Whether the project is whole: the database, settings, registered versions' files "
+                                       "(as `tether check`)", interactive=False, scale=4)
+            check = gr.Button("Check the project", scale=1)
 
     outputs = [states, annotators, agreement, reliability, gold, judges]
     mark.click(mark_agreed_gold, outputs=[marked], api_name="mark_agreed_gold", api_visibility="undocumented")
     refresh.click(operator_data, outputs=outputs, api_name="operator_data", api_visibility="undocumented")
     gr.on([operator_tab.select, tab.select, timer.tick], operator_data, outputs=outputs, **QUIET)
     judge.click(ask_the_judge, outputs=[judged], api_name="ask_the_judge", api_visibility="undocumented")
+    check.click(check_project, outputs=[checked], api_name="check_project", api_visibility="undocumented")
