@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from store.db import Connection, StoreError, transaction
+from store.integrity import record_files
 from store.rounds import running_round
 
 POLICY_JOBS = ("ppo", "dpo", "grpo")  # the job kinds whose result registers the next policy version
@@ -64,8 +65,9 @@ def plan_rollback(con: Connection, version: int) -> Rollback:
     return Rollback(newest.version + 1, to, newest.version)
 
 
-def add_rollback(con: Connection, plan: Rollback, adapter_path: str | None) -> Policy:
-    """Register a planned rollback with its copy of the adapter, unless the policies changed since it was planned."""
+def add_rollback(con: Connection, plan: Rollback, adapter_path: str | None, digests: dict[str, str] | None = None) -> Policy:
+    """Register a planned rollback with its copy of the adapter and its files' digests, unless the policies changed
+    since it was planned."""
     with transaction(con):
         if plan_rollback(con, plan.to.version) != plan:
             raise StoreError("the policies changed while the adapter was copied: roll back again")
@@ -73,6 +75,8 @@ def add_rollback(con: Connection, plan: Rollback, adapter_path: str | None) -> P
             "INSERT INTO policies (version, parent, adapter_path, rollback_from) VALUES (?, ?, ?, ?)",
             [plan.version, plan.to.version, adapter_path, plan.replaces],
         )
+        if digests:
+            record_files(con, adapter_path, digests)
     return Policy(plan.version, adapter_path)
 
 

@@ -9,7 +9,7 @@ from store.schema import MIGRATIONS, Migration
 TABLES = {
     "prompts", "policies", "completions", "pairs", "assignments", "comparisons", "skips",
     "users", "reward_models", "jobs", "metrics", "snapshots", "rounds", "schema_migrations", "account_events", "gold", "rankings",
-    "candidates",
+    "candidates", "version_files",
 }
 
 

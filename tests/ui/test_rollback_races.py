@@ -9,7 +9,7 @@ import pytest
 
 from store import StoreError, open_database
 from store.policies import add_policy, add_rollback
-from tests.conftest import add_pairs, set_settings, vote_every_pair, wait_for, worker_pids
+from tests.conftest import add_pairs, run_tether, set_settings, vote_every_pair, wait_for, worker_pids
 from train.jobdir import RESULT_FILE
 from ui.owner.jobs import job_dir, run_job, submit_dpo
 from ui.owner.project import load_project
@@ -74,6 +74,10 @@ def test_a_rollback_while_a_cancelled_dpo_job_is_still_stopping_is_refused_then_
     assert policies(project) == [(0, None, None, None), (1, 0, "policies/v1", None), (2, 0, None, None), (3, 1, "policies/v3", 2)]
     assert (project / "policies" / "v3" / "adapter_model.safetensors").read_bytes() == b"weights of v1"
     assert_registered_adapters_on_disk(project)
+    # The copy's files were registered with their digests: `tether check` finds one changed since.
+    (project / "policies" / "v3" / "adapter_model.safetensors").write_bytes(b"changed")
+    check = run_tether("check", "--project", str(project))
+    assert check.returncode == 1 and "policy v3: policies/v3/adapter_model.safetensors is changed since it was registered" in check.stderr
 
 
 def test_a_dpo_job_that_registers_the_version_a_rollback_was_copying_keeps_its_adapter(project):

@@ -27,9 +27,8 @@ from typing import Any
 from annotate.ratings import (
     Game, LengthControlled, Vote, WinRate, bradley_terry, head_to_head, lead_probability, length_controlled, measured_share,
 )
-from store import Connection, StoreError, transaction
+from store import Connection, StoreError
 from store.db import utcnow
-from store.integrity import record_files
 from store.jobs import Job, job_metrics, metric_series, round_jobs
 from store.completions import completions_of, paired_texts
 from store.policies import POLICY_JOBS, Policy, add_rollback, get_policy, plan_rollback, policy_versions
@@ -430,16 +429,8 @@ def roll_back(project: Project, run: Run, version: int) -> Policy:
         return run(add_rollback, plan, None)
     target = project.root / "policies" / f"v{plan.version}"
     copy = _copy_atomically(project.root / plan.to.adapter_path, target)
-    path, digests = str(target.relative_to(project.root)), file_digests(target)
-
-    def register(con: Connection) -> Policy:
-        with transaction(con):
-            policy = add_rollback(con, plan, path)
-            record_files(con, path, digests)
-        return policy
-
     try:
-        return run(register)
+        return run(add_rollback, plan, str(target.relative_to(project.root)), file_digests(target))
     except BaseException:
         run(_remove_copy, target, copy)
         raise
