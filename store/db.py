@@ -72,9 +72,6 @@ def open_database(path: Path) -> Connection:
         raise StoreError(f"cannot open {path}: {e}") from None
     try:
         migrate(con)
-    except duckdb.Error as e:  # a damaged file, most often, whose first damaged block the migrations read
-        con.close()
-        raise StoreError(f"cannot open {path}: {e}: restore the project from a backup (`tether restore`)") from None
     except Exception:
         con.close()
         raise

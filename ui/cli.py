@@ -665,8 +665,8 @@ def check_command(project_dir: Path):
 
     Reads and changes nothing: the database (every table read back, the references between
     them), the settings file, every registered version's files against the digests taken as it
-    was registered, the snapshots of votes, the features cache, and what nothing names in the
-    folders Tether owns. With the app running, it checks through it while annotators vote.
+    was registered, the votes frozen for later training, the features cache, and what nothing
+    names in the folders Tether owns. With the app running, it checks through it while annotators vote.
 
     \b
     Example:

@@ -38,7 +38,7 @@ INPUT_PATH = re.compile(r"jobs/[0-9]+/inputs/[a-z_]+\.parquet")
 class Backup:
     votes: int
     adapters: list[str]
-    inputs: list[str]  # the frozen inputs of reward models, relative to the project
+    inputs: list[str]  # the votes frozen for later training (_trained_on), relative to the project
 
 
 def _trained_on(con: Connection) -> list[str]:

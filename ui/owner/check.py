@@ -5,7 +5,7 @@ a full disk or a restore. It reads, and changes nothing:
 - the database: every table read back, every reference between tables (store.integrity);
 - the settings file, as the server would read it;
 - each registered version's directory, file by file against the digests taken as it was registered;
-- each snapshot of votes a reward model trained on, and the features cache;
+- the votes each reward model and DPO job learnt, which later training reads, and the features cache;
 - what nothing names in the folders Tether owns (policies/, reward_models/, jobs/, features/), and
   what a write that was killed left behind. Files of the user's own beside tether.toml are theirs.
 """
