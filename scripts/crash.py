@@ -33,6 +33,7 @@ from typing import Callable
 from soak import tiny_model
 from store import open_database
 from ui.owner.check import check_project
+from ui.owner.config import read_config, set_setting
 from ui.owner.project import load_project
 from ui.owner.recovery import recover, stray_processes
 
@@ -224,14 +225,10 @@ def setup(work: Path) -> Path:
 
 def settings(project: Path) -> None:
     """Jobs of a few seconds: one epoch, one PPO step, the imported votes in the reward model."""
-    text = (project / "tether.toml").read_text()
-    for section, key, value in [("reward_model", "epochs", "1"), ("reward_model", "include_imported", "true"),
-                                ("ppo", "steps", "1"), ("ppo", "batch_size", "4"), ("ppo", "minibatch_size", "2")]:
-        start = text.index(f"[{section}]\n")
-        line_start = text.index(f"\n{key} = ", start) + 1
-        line_end = text.index("\n", line_start)
-        text = text[:line_start] + f"{key} = {value}" + text[line_end:]
-    (project / "tether.toml").write_text(text)
+    path = project / "tether.toml"
+    for section, key, value in [("reward_model", "epochs", 1), ("reward_model", "include_imported", True),
+                                ("ppo", "steps", 1), ("ppo", "batch_size", 4), ("ppo", "minibatch_size", 2)]:
+        set_setting(path, read_config(path)[1], section, key, value)
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import duckdb
 
-from store.db import Connection, insert_values
+from store.db import Connection
 from store.jobs import registered_adapter_paths
+from store.policies import dpo_jobs_behind, policy_versions
 
 # (table, column, the table and column it names, what the rows are, a condition on the rows that must name one)
 REFERENCES = [
@@ -62,11 +63,6 @@ def database_problems(con: Connection) -> list[str]:
     return problems
 
 
-def record_files(con: Connection, adapter_path: str, digests: dict[str, str]) -> None:
-    """Keep the digests of a version's files as it is registered, in the transaction that registers it."""
-    insert_values(con, "version_files (adapter_path, file, sha256)", [(adapter_path, f, d) for f, d in digests.items()])
-
-
 def holds_only_the_start(con: Connection) -> bool:
     """The database as `tether init` makes it: its schema, and at most the starting model as policy 0."""
     tables = [row[0] for row in con.execute(
@@ -91,7 +87,5 @@ def named_files(con: Connection) -> NamedFiles:
     for adapter_path, file, digest in con.execute("SELECT adapter_path, file, sha256 FROM version_files").fetchall():
         versions.setdefault(adapter_path, {})[file] = digest
     snapshots = dict(con.execute("SELECT path, rows FROM snapshots WHERE hash IN (SELECT snapshot FROM reward_models)").fetchall())
-    dpo_jobs = [row[0] for row in con.execute("""
-        SELECT id FROM jobs WHERE kind = 'dpo' AND status = 'done'
-        AND (id IN (SELECT job FROM policies) OR round IN (SELECT round FROM policies WHERE job IS NULL)) ORDER BY id""").fetchall()]
+    dpo_jobs = sorted({job for version in policy_versions(con) for job in dpo_jobs_behind(con, version)})
     return NamedFiles(versions, snapshots, dpo_jobs, {row[0] for row in con.execute("SELECT id FROM jobs").fetchall()})

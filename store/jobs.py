@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.db import Connection, StoreError, insert_rows
+from store.db import Connection, StoreError, insert_rows, insert_values
 
 FINISHED = ("done", "failed", "cancelled")
 
@@ -101,6 +101,11 @@ def registered_adapter_paths(con: Connection) -> set[str]:
         "SELECT adapter_path FROM reward_models UNION SELECT adapter_path FROM policies WHERE adapter_path IS NOT NULL"
     ).fetchall()
     return {row[0] for row in rows}
+
+
+def record_files(con: Connection, adapter_path: str, digests: dict[str, str]) -> None:
+    """Keep the digests of a version's files as it is registered, in the transaction that registers it."""
+    insert_values(con, "version_files (adapter_path, file, sha256)", [(adapter_path, f, d) for f, d in digests.items()])
 
 
 def cancel_if_queued(con: Connection, job_id: int, now: datetime) -> None:

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from store.db import Connection, StoreError, transaction
-from store.integrity import record_files
+from store.jobs import record_files
 from store.rounds import running_round
 
 POLICY_JOBS = ("ppo", "dpo", "grpo")  # the job kinds whose result registers the next policy version

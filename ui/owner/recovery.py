@@ -18,8 +18,7 @@ from typing import Callable
 
 from store import Connection, transaction
 from store.db import utcnow
-from store.integrity import record_files
-from store.jobs import Job, fail_interrupted, registered_adapter_paths, running_job_ids
+from store.jobs import Job, fail_interrupted, record_files, registered_adapter_paths, running_job_ids
 from store.queue import release_leases
 from store.rounds import fail_interrupted_rounds
 from train.files import file_digests, partial_writes, sync, sync_tree, write_durably
