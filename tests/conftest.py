@@ -90,7 +90,7 @@ def tiny_project(tmp_path, tiny_model_dir) -> Path:
     root = tmp_path / "project"
     init_project(root, str(tiny_model_dir))
     set_settings(root, "generation", max_new_tokens=12)
-    set_settings(root, "round", candidates=1, register="best")
+    set_settings(root, "round", candidates=1, register="best", min_pairs=1)
     return root
 
 

@@ -130,6 +130,24 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
             assert [step for step, _ in points] == steps, title
 
 
+def test_a_round_with_too_few_pairs_ends_in_the_app_saying_so(tiny_project):
+    """[round] min_pairs in the app: the round trains its reward model and ends with no version, in the round table;
+    started again with no new vote, it reuses that model and ends at once, and the start button says why."""
+    set_settings(tiny_project, "dpo", pairs="human")
+    set_settings(tiny_project, "round", min_pairs=1000)
+    with loop_app(tiny_project) as (operator, _):
+        assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (reward model)."
+        wait_for_no_round(operator, set())
+        again = operator.predict(None, "dpo", api_name="/start_round")
+        assert re.fullmatch(r"Round 2 trained nothing: reward model v1 reused: the votes hold nothing it did not train on; "
+                            r"DPO on the votes would train on \d+ pairs, fewer than \[round\] min_pairs = 1000: nothing "
+                            r"trained, and the votes carry over to the next round\.", again), again
+        history, settings, *_ = operator.predict(None, api_name="/rounds")
+    rows = [dict(zip(history["headers"], shown)) | dict(zip(settings["headers"], why)) for shown, why in zip(history["data"], settings["data"])]
+    assert [(r["round"], r["status"], r["policy"]) for r in rows] == [(2, "done", "v0 →"), (1, "done", "v0 →")]
+    assert rows[1]["why it ran so"].startswith("DPO on the votes would train on ") and rows[1]["reward model"] == "v1 (head)"
+
+
 def shown_curves(plots: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """The Loop view's visible plots: their titles, and (step, value) points."""
     return {plot["label"]: [tuple(row) for row in plot["value"]["data"]] for plot in plots if plot.get("visible", True)}

@@ -195,7 +195,7 @@ def test_rollback_registers_a_copy_of_the_chosen_version_and_the_next_round_star
     assert rows == [(0, None, None, None), (1, 0, "policies/v1", None), (2, 1, "policies/v2", None), (3, 1, "policies/v3", 2)]
     assert project.run(get_policy, None).version == 3
 
-    job = start_round(project, project.run, 1, optimizer="ppo")
+    _, job = start_round(project, project.run, 1, optimizer="ppo")
     assert job.kind == "ppo" and job.config["policy_version"] == 3
     assert job.config["policy_adapter_path"] == str(project.root / "policies" / "v3")
     with pytest.raises(StoreError, match="round 1 is running"):
@@ -258,7 +258,7 @@ def test_when_people_rate_the_newest_version_below_its_start_the_next_round_star
     vote_between(project, new=2, old=1, new_wins=4, votes=16)
     set_settings(project.root, "round", start_from=start_from)
     project = load_project(project.root)
-    job = start_round(project, project.run, 1, optimizer="ppo")
+    _, job = start_round(project, project.run, 1, optimizer="ppo")
     [round_] = project.run(list_rounds)
     if start_from == "newest":
         assert (job.config["policy_version"], round_.policy_from, round_.note) == (2, 2, None)
@@ -272,5 +272,5 @@ def test_when_people_rate_the_newest_version_below_its_start_the_next_round_star
 
 def test_a_lead_of_a_few_votes_does_not_move_the_start(two_versions):
     vote_between(two_versions, new=2, old=1, new_wins=4, votes=12)  # 86% sure that v1 is better: not enough
-    job = start_round(two_versions, two_versions.run, 1, optimizer="ppo")
+    _, job = start_round(two_versions, two_versions.run, 1, optimizer="ppo")
     assert job.config["policy_version"] == 2 and two_versions.run(list_rounds)[0].note is None

@@ -271,6 +271,35 @@ def test_a_round_that_registers_no_candidate_says_why_and_its_votes_carry_over(t
     assert trained == [0, 0] and pairs[0] and pairs[0] <= pairs[1]
 
 
+def test_a_round_with_fewer_pairs_than_min_pairs_trains_nothing_and_the_next_learns_its_votes(tiny_project):
+    """DPO on a few noisy pairs is a handful of optimiser steps that gains little and can lose (scripts/BENCHMARKS.md):
+    a round with fewer than [round] min_pairs ends done with no policy job and says so; one with no new vote at all
+    does the same on the reused reward model; the first with enough trains on every carried vote."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "dpo", batch_size=4, pairs="human")
+    set_settings(tiny_project, "round", min_pairs=1000)
+    vote_on_demo_pairs(tiny_project)
+
+    for number in (1, 2):
+        done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+        assert done.returncode == 0, done.stderr
+        found = re.search(r"DPO on the votes would train on (\d+) pairs, fewer than \[round\] min_pairs = 1000: nothing trained, "
+                          r"and the votes carry over to the next round", done.stdout)
+        assert done.stdout.startswith(f"round {number} from v0: ") and found, done.stdout
+    assert "reward model v1 reused" in done.stdout
+    pairs = int(found.group(1))
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT status, policy_to FROM rounds ORDER BY id").fetchall() == [("done", None), ("done", None)]
+        assert [k for (k,) in con.execute("SELECT kind FROM jobs WHERE round IS NOT NULL").fetchall()] == ["reward_model"]
+
+    set_settings(tiny_project, "round", min_pairs=pairs)
+    done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert done.returncode == 0 and done.stdout.startswith("round 3: policy v1 from v0"), done.stdout + done.stderr
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        [job] = [j for (j,) in con.execute("SELECT id FROM jobs WHERE kind = 'dpo'").fetchall()]
+    assert len(read_parquet(tiny_project / "jobs" / str(job) / "inputs" / "preferences.parquet")) == pairs
+
+
 def test_a_round_after_rm_train_reuses_its_version_when_the_votes_hold_nothing_new(tiny_project):
     """Issue 46: with a LoRA reward model, a round right after `tether rm train` refused: "no new resolved comparisons"."""
     short_training(tiny_project)

@@ -60,6 +60,10 @@ class JobError(StoreError):
     """A job that cannot be queued as asked."""
 
 
+class TooFewPairs(JobError):
+    """A round's DPO on the votes alone would train on fewer pairs than [round] min_pairs: the round trains nothing."""
+
+
 def job_dir(project: Project, job_id: int) -> Path:
     return project.root / "jobs" / str(job_id)
 
@@ -418,7 +422,8 @@ def _submit_on_prompts(project: Project, run: Run, kind: str, settings: Callable
 
 
 def submit_dpo(project: Project, run: Run, reward_version: int | None = None, policy_version: int | None = None,
-               round_id: int | None = None, read: Run | None = None, pairs: str | None = None, candidate: int | None = None) -> Job:
+               round_id: int | None = None, read: Run | None = None, pairs: str | None = None, candidate: int | None = None,
+               min_pairs: int = 1) -> Job:
     """Queue DPO from a policy version (the newest by default) on a frozen snapshot of the project's resolved votes,
     on pairs a reward model (the newest by default) ranks, or on both, as `pairs` ([dpo] pairs by default) says; with
     'both', the ranked pairs join only once the reward model `steers`.
@@ -432,7 +437,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     rate the votes allow (FlipRate.low), not at the estimate the reward model uses: robust DPO with a flip rate above
     the true one never stops pushing a pair's margin up, while with one below it the margin stops at a finite value.
     `read` reads the votes beside the writer, as for submit_reward_training. A round's candidate is kept as for
-    submit_ppo.
+    submit_ppo. On the votes alone, fewer than `min_pairs` pairs is TooFewPairs.
     """
     dpo = dataclasses.replace(project.config.dpo, pairs=pairs or project.config.dpo.pairs)
     reward = project.config.reward_model
@@ -459,6 +464,9 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
         which = {"all": "", "new": f" that policy v{policy.version} has not trained on",
                  "latest": f" on policy v{policy.version}'s completions ([dpo] votes = \"latest\")"}[dpo.votes]
         raise JobError(f"no resolved votes{which} outside the held-back prompts to train on yet: {_what_to_train_on(reward, read or run)}")
+    if reward_model is None and len(rows) < min_pairs:
+        raise TooFewPairs(f"DPO on the votes would train on {len(rows)} pairs, fewer than [round] min_pairs = {min_pairs}: "
+                          f"nothing trained, and the votes carry over to the next round")
     config = {
         "model": dataclasses.asdict(project.config.model),
         "dpo": dataclasses.asdict(dpo) | {"seed": job_seed(dpo.seed, policy.version, candidate)},

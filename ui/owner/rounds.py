@@ -42,7 +42,7 @@ from train.files import built_beside, file_digests
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
-    JobError, Run, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
+    JobError, Run, TooFewPairs, is_held_back, reward_training, run_here, scoring_kind, steers, submit_dpo, submit_generation, submit_grpo,
     submit_ppo, submit_prediction, submit_reward_training, trust_status,
 )
 from ui.owner.project import Project
@@ -52,9 +52,9 @@ SUBMIT_WITH_REWARD_MODEL = {"ppo": submit_ppo, "grpo": submit_grpo}
 
 
 def start_round(project: Project, run: Run, reward_version: int | None = None, read: Run | None = None,
-                optimizer: str | None = None) -> Job:
-    """Start a round with `optimizer` ([round] optimizer by default); return its first job. The round reads in the order
-    it happens:
+                optimizer: str | None = None) -> tuple[int, Job | None]:
+    """Start a round with `optimizer` ([round] optimizer by default); return its id and its first job, None where it
+    ended at once (too few pairs, 4.). The round reads in the order it happens:
 
     1. its start: the newest version, or with [round] start_from = "best" the version people rate best, once they rate
        it above the newest with confidence (`best_rated`): a copy of it is registered as the newest first, as a
@@ -63,7 +63,8 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
        version has not trained on, with the same settings, that version is reused, and the round says so;
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
     4. its candidates: [round] candidates policies from the start, each with its own seed, by the round's optimiser
-       (with [round] register other than 'average', the first by it and the others by DPO) (advance_round);
+       (with [round] register other than 'average', the first by it and the others by DPO) (advance_round); none where
+       DPO on the votes alone would have fewer than [round] min_pairs pairs: the round ends, and its votes carry over;
     5. the predictor: their average's win rate over the start by the reward model, or with [round] register other
        than 'average' each candidate's (submit_prediction); the average registered as the next version, or with
        [round] register = 'confident' the candidate rated best with confidence, or none (ingest_prediction);
@@ -91,8 +92,8 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     round_ = run(add_round, policy.version, reward_version, optimizer, "; ".join(notes) or None)
     try:
         if round_.reward_version is None:
-            return submit_reward_training(project, run, round_id=round_.id, read=read, training=training)
-        return _after_reward_model(project, run, round_)
+            return round_.id, submit_reward_training(project, run, round_id=round_.id, read=read, training=training)
+        return round_.id, _after_reward_model(project, run, round_)
     except StoreError as e:
         run(finish_round, round_.id, "failed", utcnow(), str(e))
         raise
@@ -104,13 +105,19 @@ def best_rated(run: Run) -> int | None:
     return rollback_target(run(version_games), run(get_policy, None).version)
 
 
-def _after_reward_model(project: Project, run: Run, round_: Round) -> Job:
-    """The round's first candidate, once its reward model is known; with 'auto', after choosing the optimiser."""
+def _after_reward_model(project: Project, run: Run, round_: Round) -> Job | None:
+    """The round's first candidate, once its reward model is known; with 'auto', after choosing the optimiser. None
+    where DPO on the votes alone has too few pairs: the round ends, having trained nothing."""
     if round_.optimizer == "auto":
         optimizer, why = choose_optimizer(run(get_reward_model, round_.reward_version), project.config)
         run(set_choice, round_.id, optimizer, why)
         round_ = run(get_round, round_.id)
-    return _submit_candidate(project, run, round_, 0)
+    try:
+        return _submit_candidate(project, run, round_, 0)
+    except TooFewPairs as e:
+        run(add_note, round_.id, str(e))
+        run(finish_round, round_.id, "done", utcnow())
+        return None
 
 
 def _submit_candidate(project: Project, run: Run, round_: Round, number: int) -> Job:
@@ -121,7 +128,8 @@ def _submit_candidate(project: Project, run: Run, round_: Round, number: int) ->
     if optimizer == "dpo":
         # DPO on the votes alone where 'auto' chose it (the reward model does not steer), or beside another optimiser.
         pairs = "human" if round_.optimizer != "dpo" or _chosen_by_auto(round_) else None
-        job = submit_dpo(project, run, round_.reward_version, round_.policy_from, round_.id, pairs=pairs, candidate=number)
+        job = submit_dpo(project, run, round_.reward_version, round_.policy_from, round_.id, pairs=pairs, candidate=number,
+                         min_pairs=project.config.round.min_pairs)
     else:
         job = SUBMIT_WITH_REWARD_MODEL[optimizer](project, run, round_.reward_version, round_.policy_from, round_.id, candidate=number)
     run(add_candidate, round_.id, job.id, optimizer, job.config[optimizer]["seed"])
@@ -185,8 +193,7 @@ def run_round(project: Project, reward_version: int | None = None, optimizer: st
               seconds: Counter | None = None) -> Round:
     """Run a round's jobs from this process, one after another, each with a progress bar; add each stage's wall
     time to `seconds`. A round that does not finish is a StoreError naming why."""
-    job = start_round(project, project.run, reward_version, optimizer=optimizer)
-    round_id = job.round
+    round_id, job = start_round(project, project.run, reward_version, optimizer=optimizer)
     while job is not None:
         began = time.monotonic()
         done = run_here(project, job, STAGES[job.kind])

@@ -9,7 +9,7 @@ import pandas as pd
 
 from store.jobs import get_job, metric_series
 from store.reward_models import list_reward_models
-from store.rounds import current_job_id, running_round
+from store.rounds import current_job_id, get_round, running_round
 from train.jobdir import read_events
 from ui.owner.config import OPTIMIZERS
 from ui.owner.jobs import job_dir
@@ -107,8 +107,11 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
     def start(reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
         server.operator(request.username)
         with user_errors():
-            job = start_round(server.project, server.db, int(reward_version) if reward_version else None, server.snapshot, optimizer)
-        return f"Started round {job.round}: its first job is {job.id} ({STAGES[job.kind]})."
+            round_id, job = start_round(server.project, server.db, int(reward_version) if reward_version else None,
+                                        server.snapshot, optimizer)
+        if job is None:
+            return f"Round {round_id} trained nothing: {server.db(get_round, round_id).note}."
+        return f"Started round {round_id}: its first job is {job.id} ({STAGES[job.kind]})."
 
     @with_error_ids
     def cancel_round(request: gr.Request) -> str:
