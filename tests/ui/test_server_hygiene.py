@@ -97,3 +97,17 @@ def test_a_call_refused_by_gradios_own_input_checks_is_one_line_in_the_log_not_a
     assert refusals[1].startswith("refused set_schedule: its input is not what it takes: ")
     assert refusals[2].startswith("refused vote by ann: ")
     assert not any(line.startswith("refused forged") for line in log.splitlines())
+
+
+def test_a_body_with_nan_and_an_upload_part_with_no_file_name_are_refused_not_a_traceback(project, capfd):
+    """Found by scripts/fuzz.py: Gradio answered both with a 500 and a traceback in the log."""
+    with serving(project) as (_, url), httpx.Client(base_url=url) as client:
+        assert client.post("login", data={"username": "olga", "password": PASSWORD}).status_code == 200
+        nan = client.post("gradio_api/queue/join", content=b'{"data": NaN, "fn_index": 0, "session_hash": "x"}',
+                          headers={"Content-Type": "application/json"})
+        assert nan.status_code == 400 and nan.text.startswith("The request's body is not JSON: NaN is no JSON number"), nan.text
+        unnamed = client.post("gradio_api/upload", files={"files": ("", b"{}")})
+        assert unnamed.status_code == 400 and unnamed.text == "The upload is not a file: each part needs a file name."
+        named = client.post("gradio_api/upload", files={"files": ("p.jsonl", b"{}")})
+        assert named.status_code == 200
+    assert "Traceback" not in capfd.readouterr().err

@@ -166,6 +166,13 @@ def test_the_control_route_wants_the_servers_token(tiny_project):
             assert refused.status_code == 400 and "the body must be a JSON list of users's arguments" in refused.json()["error"]
         refused = httpx.post(server.url + "tether/control/set_disabled", json=["ann"], headers=signed)  # too few
         assert refused.status_code == 400
+        # Found by scripts/fuzz.py: arguments of the wrong type, and a backup folder named with a NUL, were a 500.
+        for action, args, message in [("account_log", [{}], "limit must be int, not dict"),
+                                      ("set_disabled", ["ann", 1, "me"], "disabled must be bool, not int"),
+                                      ("backup", [None], "dest must be str, not NoneType"),
+                                      ("backup", ["b\x00"], "cannot be a directory's name: it holds a NUL character")]:
+            refused = httpx.post(server.url + f"tether/control/{action}", json=args, headers=signed)
+            assert refused.status_code == 400 and message in refused.json()["error"], (action, refused.text)
     finally:
         server.stop()
     assert "Traceback" not in server.log.read_text()

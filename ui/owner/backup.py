@@ -51,11 +51,20 @@ def _trained_on(con: Connection) -> list[str]:
 
 def backup(con: Connection, root: Path, dest: Path) -> Backup:
     """Copy the project at `root`, whose database `con` is open, into `dest`, which must not exist yet."""
+    if "\x00" in str(dest):
+        raise StoreError(f"{str(dest)!r} cannot be a directory's name: it holds a NUL character")
     dest = dest.resolve()
     if dest.exists():
         raise StoreError(f"{dest} exists already: a backup goes into a new directory")
     if not dest.parent.is_dir():
         raise StoreError(f"{dest.parent} is not a directory")
+    try:
+        return _copy_project(con, root, dest)
+    except OSError as e:  # a full disk, a folder not ours: nothing is left behind (built_beside)
+        raise StoreError(f"cannot write the backup into {dest}: {e.strerror or e}") from None
+
+
+def _copy_project(con: Connection, root: Path, dest: Path) -> Backup:
     with built_beside(dest) as partial:
         partial.mkdir(mode=0o700)  # the database holds password hashes: the backup is its owner's alone
         snapshot = con.cursor()  # its own connection: the snapshot is not blocked by, and does not block, votes

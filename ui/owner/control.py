@@ -139,6 +139,14 @@ def from_this_machine(client: str | None, local: str | None) -> bool:
     return address.is_loopback or client == local
 
 
+def _check_arguments(action: Callable[..., Any], args: list) -> None:
+    """A TypeError unless `args` are what the action takes after its connection and project, each of its type."""
+    inspect.signature(action).bind(None, None, *args)
+    for parameter, value in zip(list(inspect.signature(action).parameters.values())[2:], args):
+        if type(value) is not parameter.annotation:  # bool is no int here, nor 1 a bool
+            raise TypeError(f"{parameter.name} must be {parameter.annotation.__name__}, not {type(value).__name__}")
+
+
 def routes(server: Any) -> list:
     """The server's end: one POST route, for this machine only, that checks the token and runs the action."""
     from starlette.requests import Request
@@ -160,7 +168,7 @@ def routes(server: Any) -> list:
             args = await request.json()
             if not isinstance(args, list):
                 raise ValueError("not a list")
-            inspect.signature(ACTIONS[action]).bind(None, None, *args)  # the connection and project come first
+            _check_arguments(ACTIONS[action], args)
         except (ValueError, TypeError) as e:
             return JSONResponse({"error": f"the body must be a JSON list of {action}'s arguments: {e}"}, status_code=400)
         try:

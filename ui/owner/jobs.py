@@ -186,6 +186,8 @@ def reward_training(project: Project, run: Run, include_imported: bool | None = 
     if include_imported is not None:
         reward = dataclasses.replace(reward, include_imported=include_imported)
     flip, rate, rows, rankings = _training_rows(reward, read or run)
+    if not rows and not rankings:  # before a round is recorded: an operator's start refused changes nothing
+        raise JobError(f"no resolved comparisons to train on yet: {_what_to_train_on(reward, read or run)}")
     previous = _previous(project, run, [r.pair_id for r in rows], [r.ranking_id for r in rankings])
     return RewardTraining(reward, flip, rate, rows, rankings, previous)
 
@@ -206,8 +208,6 @@ def submit_reward_training(
     """
     training = training or reward_training(project, run, include_imported, read)
     reward, previous = training.settings, training.previous
-    if not training.rows and not training.rankings:
-        raise JobError(f"no resolved comparisons to train on yet: {_what_to_train_on(reward, read or run)}")
     config = {
         "model": dataclasses.asdict(project.config.model),
         "reward_model": dataclasses.asdict(reward),

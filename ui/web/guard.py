@@ -7,6 +7,7 @@ read them back.
 """
 
 import asyncio
+import json
 import sys
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -92,6 +93,20 @@ class OperatorUploads:
             except Refused as e:
                 await PlainTextResponse(str(e), status_code=403)(scope, receive, send)
                 return
+            started = False
+
+            async def sending(message: Message) -> None:
+                nonlocal started
+                started = True
+                await send(message)
+
+            try:
+                await self.app(scope, receive, sending)
+            except (TypeError, ValueError):  # Gradio's upload route fails on a form part with no file name
+                if started:
+                    raise
+                await PlainTextResponse("The upload is not a file: each part needs a file name.", status_code=400)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
     def _account(self, request: Request) -> str | None:
@@ -102,7 +117,9 @@ class OperatorUploads:
 class BodyLimit:
     """ASGI middleware that refuses a request whose body is over `limit` bytes (413), but for Gradio's
     upload route, which has its own limit (max_file_size). The body is read before the app sees it,
-    which costs nothing at this size, so a body sent in chunks with no Content-Length is held to it too."""
+    which costs nothing at this size, so a body sent in chunks with no Content-Length is held to it too.
+    A JSON body must be JSON (RFC 8259) too (400): Python reads NaN and Infinity, which Gradio's answer
+    to a body it refuses cannot write back, and fails with a traceback."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -119,10 +136,11 @@ class BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         if max(declared, len(body)) > self.limit:
-            text = f"The request is over [server] max_request_kb ({self.limit // 1024} KiB).".encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(text)).encode())]})
-            await send({"type": "http.response.body", "body": text})
+            await PlainTextResponse(f"The request is over [server] max_request_kb ({self.limit // 1024} KiB).", status_code=413)(
+                scope, receive, send)
+            return
+        if Headers(scope=scope).get("content-type", "").startswith("application/json") and (problem := _not_json(body)):
+            await PlainTextResponse(f"The request's body is not JSON: {problem}.", status_code=400)(scope, receive, send)
             return
         replayed = False
 
@@ -134,3 +152,14 @@ class BodyLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+def _not_json(body: bytes) -> str | None:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is no JSON number")
+
+    try:
+        json.loads(body, parse_constant=refuse)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return " ".join(str(e).split())[:200]
+    return None

@@ -1,0 +1,454 @@
+"""Fuzzer of the whole surface: every function the app serves, the control route, sign-in and files, called by every
+kind of caller with values drawn by Hypothesis, while honest annotators vote beside it.
+
+The endpoints come from the running app itself: each function in Gradio's /config (named or private, called by name and
+by its index, as a browser's queue does), each action of the control route's table (ui.owner.control), the sign-in and
+the file routes; a new view is fuzzed without anyone adding it here. Each call is made as nobody, with a signed-out
+session, as a disabled account, as an annotator or as an operator (the control route: with no token, a wrong one, or
+the server's own), with values drawn for its inputs' components: valid ones (a radio's choices, a number in range, a
+real pair's token: one never served, another annotator's, one already answered), wrong types, missing and extra
+fields, huge and empty text, NUL and odd Unicode, NaN, infinities and negative numbers, paths that climb out.
+
+Each call holds the honest annotators back while the database (every table's rows, hashed) and the project folder are
+read before and after it: a refused call must change neither, and a caller with no account or no role for the function
+must change nothing whatever the answer. Then a concurrent phase calls without holding them back. At the end: no 5xx
+answer, no traceback in the server's log (a refusal is one line), every honest vote acknowledged is stored and none
+refused, and the process's peak memory and CPU per call (server and clients together: an upper bound on the server's).
+The exit status is 1 if any check failed.
+
+    .venv/bin/python scripts/fuzz.py --calls 3000               # the long run; figures in BENCHMARKS.md
+    .venv/bin/python scripts/fuzz.py --calls 200 --annotators 2  # a quick look
+
+The project is on the tests' tiny random Llama; the server runs in this process, so that its database can be read
+between calls (DuckDB lets one process open it).
+"""
+
+import argparse
+import asyncio
+import inspect
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections import Counter, defaultdict
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+from hypothesis import HealthCheck, given, seed, settings, strategies as st
+from hypothesis.errors import HypothesisDeprecationWarning
+
+from bench_serve import free_port
+from soak import PASSWORD, GradioSession, Refused, Tally, annotate, annotator_name, check_database, make_project, tiny_model
+from store.db import utcnow
+from store.users import add_user, set_disabled
+from ui.owner import control
+from ui.owner.auth import hash_password
+from ui.owner.project import load_project
+from ui.owner.server import Server
+from ui.web.app import launch
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLES = ("nobody", "signed out", "disabled", "annotator", "operator")
+CONTROL_ROLES = ("no token", "wrong token", "token")
+# What an annotator may change: the queue's functions. Any other function changes nothing unless an operator calls it.
+ANNOTATOR_CALLS = {"next_pair", "skip", "rank", "vote_left", "vote_right", "vote_tie", "vote_both_bad"}
+FUZZ_ANNOTATOR, FUZZ_OPERATOR, DISABLED, SIGNED_OUT = "fuzz-annotator", "fuzz-operator", "fuzz-disabled", "fuzz-signed-out"
+# Left alone between calls: the server's own files, and what a round or an export writes for the operator who asked.
+OWN_FILES = {control.SERVER_FILE}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str  # the api_name, "control:<action>", "login", "upload" or "file"
+    inputs: tuple[dict, ...] = ()  # Gradio: each input's component (type and props)
+    fn_index: int | None = None
+    private: bool = False
+
+
+@dataclass
+class Figures:
+    answers: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # endpoint -> outcome -> calls
+    failures: list[str] = field(default_factory=list)
+    calls: int = 0
+
+
+# ---- the surface, as the app describes it ----
+
+def endpoints(config: dict) -> list[Endpoint]:
+    components = {c["id"]: {"type": c["type"], "props": c.get("props", {})} for c in config["components"]}
+    found = [Endpoint(d.get("api_name") or f"fn{d['id']}", tuple(components[i] for i in d["inputs"]), d["id"],
+                      d.get("api_visibility") == "private")
+             for d in config["dependencies"] if d.get("backend_fn")]
+    actions = sorted(control.ACTIONS) + sorted(control.SERVER_ACTIONS) + ["no-such-action"]
+    return found + [Endpoint(f"control:{a}") for a in actions] + [Endpoint("login"), Endpoint("upload"), Endpoint("file")]
+
+
+# ---- values ----
+
+ODD_TEXT = ["", "\x00", "a\x00b", "\u202e\u0000\ufeff", "💥" * 50, "../../../../etc/passwd", "<script>alert(1)</script>",
+            "' OR 1=1; --", "\n".join(["refused forged: a line of the caller's"] * 3)]
+HUGE = 1_000_000  # characters of the huge text: over [server] max_request_kb, which the app must refuse whole
+NUMBERS = [0, -1, 2**63, -(2**63), 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5]
+
+
+def odd_text() -> st.SearchStrategy:
+    return st.sampled_from(ODD_TEXT) | st.integers(1, HUGE).map(lambda n: "x" * n)
+
+
+def wrong_value() -> st.SearchStrategy:
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40), odd_text(), st.sampled_from(NUMBERS))
+    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                        max_leaves=8)
+
+
+def value_for(component: dict, tokens: list[str]) -> st.SearchStrategy:
+    """A valid value of the component's kind, or anything at all."""
+    kind, props = component["type"], component["props"]
+    choices = [c[1] if isinstance(c, (list, tuple)) else c for c in props.get("choices") or []]
+    valid = {
+        "textbox": st.text(max_size=60) | st.sampled_from(tokens or [""]) | odd_text(),
+        "radio": st.sampled_from(choices or [None]),
+        "dropdown": st.sampled_from(choices or [None]),
+        "number": st.integers(-3, 50) | st.sampled_from(NUMBERS),
+        "slider": st.floats(props.get("minimum") or 0, props.get("maximum") or 100) | st.sampled_from(NUMBERS),
+        "checkbox": st.booleans(),
+        "file": st.none() | st.builds(lambda p: {"path": p, "meta": {"_type": "gradio.FileData"}, "orig_name": "prompts.jsonl"},
+                                      st.sampled_from(["/etc/passwd", "../tether.toml", "tether.duckdb", "/proc/self/environ"])),
+    }.get(kind, st.nothing())
+    return st.one_of(valid, valid, wrong_value())
+
+
+def control_args(action: str) -> st.SearchStrategy:
+    """Arguments of the control route's action: of the types it takes (accounts of the fuzzer's own, never an honest
+    annotator's, whose password a valid call would change), or anything at all."""
+    function = control.ACTIONS.get(action)
+    if function is None:
+        return st.lists(wrong_value(), max_size=4)
+    kinds = {
+        str: st.sampled_from([FUZZ_ANNOTATOR, DISABLED, SIGNED_OUT, "annotator", "operator", "owner", "backups/b1", "/proc/b"])
+             | st.text(alphabet="abcxyz-/.", max_size=12) | odd_text(),
+        int: st.integers() | st.sampled_from([0, -1, 2**63]),
+        bool: st.booleans(),
+    }
+    typed = st.tuples(*[kinds.get(p.annotation, wrong_value()) for p in list(inspect.signature(function).parameters.values())[2:]]).map(list)
+    return typed | st.lists(wrong_value(), max_size=5) | wrong_value()
+
+
+@st.composite
+def gradio_data(draw, endpoint: Endpoint, tokens: list[str]) -> list:
+    data = [draw(value_for(c, tokens)) for c in endpoint.inputs]
+    shape = draw(st.sampled_from(["as is"] * 6 + ["missing", "extra", "not a list"]))
+    if shape == "missing" and data:
+        return data[:-1]
+    if shape == "extra":
+        return data + [draw(wrong_value())]
+    if shape == "not a list":
+        return draw(wrong_value())
+    return data
+
+
+# ---- calls ----
+
+def as_json(body: Any, headers: dict | None = None) -> dict:
+    """A JSON body as a client may send it: with NaN and Infinity, which Python's json reads and httpx will not write."""
+    return {"content": json.dumps(body), "headers": (headers or {}) | {"Content-Type": "application/json"}}
+
+
+class Callers:
+    """One HTTP client per kind of caller, each with its own session cookie."""
+
+    def __init__(self, url: str, control_token: str):
+        self.url, self.control_token = url, control_token
+        self.clients = {role: httpx.Client(base_url=url, timeout=120) for role in ROLES}
+        for role, name in [("signed out", SIGNED_OUT), ("disabled", DISABLED), ("annotator", FUZZ_ANNOTATOR), ("operator", FUZZ_OPERATOR)]:
+            signed = self.clients[role].post("/login", data={"username": name, "password": PASSWORD})
+            assert signed.status_code == 200, (name, signed.status_code, signed.text)
+        self.clients["signed out"].get("/logout")
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def gradio(self, role: str, endpoint: Endpoint, data: Any, by_index: bool) -> str:
+        """The outcome: 'completed', 'refused' (the app's or Gradio's error), or 'HTTP <code>'."""
+        client = self.clients[role]
+        if by_index:
+            session = uuid.uuid4().hex
+            joined = client.post("/gradio_api/queue/join", **as_json({"data": data, "fn_index": endpoint.fn_index,
+                                                                     "session_hash": session, "event_data": None, "trigger_id": None}))
+            if joined.status_code != 200:
+                return f"HTTP {joined.status_code}"
+            return self._stream(client, f"/gradio_api/queue/data?session_hash={session}", queue=True)
+        queued = client.post(f"/gradio_api/call/{endpoint.name}", **as_json({"data": data}))
+        if queued.status_code != 200:
+            return f"HTTP {queued.status_code}"
+        return self._stream(client, f"/gradio_api/call/{endpoint.name}/{queued.json()['event_id']}", queue=False)
+
+    def _stream(self, client: httpx.Client, path: str, queue: bool) -> str:
+        with client.stream("GET", path) as stream:
+            if stream.status_code != 200:
+                return f"HTTP {stream.status_code}"
+            event = None
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: ") and not queue and event in ("complete", "error"):
+                    return "completed" if event == "complete" else "refused"
+                elif line.startswith("data: ") and queue:
+                    message = json.loads(line.removeprefix("data: "))
+                    if message.get("msg") == "process_completed":
+                        return "completed" if message.get("success") else "refused"
+                    if message.get("msg") == "close_stream":
+                        break
+        return "no answer"
+
+    def control(self, role: str, action: str, body: Any) -> str:
+        token = {"no token": None, "wrong token": "not-the-token", "token": self.control_token}[role]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        answer = httpx.post(self.url.rstrip("/") + control.ROUTE.format(action=action), **as_json(body, headers), timeout=120)
+        return "completed" if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+    def login(self, name: Any, password: Any) -> str:
+        answer = httpx.post(self.url.rstrip("/") + "/login", data={"username": str(name), "password": str(password)}, timeout=120)
+        return "completed" if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+    def upload(self, role: str, content: bytes, name: str) -> str:
+        answer = self.clients[role].post("/gradio_api/upload", files={"files": (name, content)})
+        return "completed" if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+    def file(self, role: str, path: str) -> str:
+        answer = self.clients[role].get(f"/gradio_api/file={path}")
+        return "completed" if answer.status_code == 200 else f"HTTP {answer.status_code}"
+
+
+# ---- the state a refused call must leave alone ----
+
+def fingerprint(server: Server) -> tuple:
+    def tables(con) -> dict:
+        names = [name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY table_name").fetchall()]
+        return {name: con.execute(f'SELECT count(*), sum(hash("{name}")) FROM "{name}"').fetchone() for name in names}
+
+    root = server.project.root
+    files = {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+             if p.is_file() and p.name not in OWN_FILES and not p.name.startswith("tether.duckdb")}
+    return server.db(tables), files
+
+
+def changed(before: tuple, after: tuple) -> str:
+    tables = sorted(t for t in set(before[0]) | set(after[0]) if before[0].get(t) != after[0].get(t))
+    files = sorted(f for f in set(before[1]) | set(after[1]) if before[1].get(f) != after[1].get(f))
+    return ", ".join([f"table {t}" for t in tables] + [f"file {f}" for f in files])
+
+
+# ---- the run ----
+
+@contextmanager
+def server_log(path: Path) -> Iterator[None]:
+    """The server's log (this process's stderr) into `path` while the app serves."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("a") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class Honest:
+    """Honest annotators voting in a thread of their own (soak.annotate), each vote made while holding `lock`."""
+
+    def __init__(self, url: str, annotators: int, lock: threading.Lock):
+        self.tally, self.lock = Tally(), lock
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.sessions = [LockedSession(url, annotator_name(i), lock) for i in range(annotators)]
+        self.tasks = [asyncio.run_coroutine_threadsafe(annotate(s, self.tally, math.inf, (0.05, 0.3)), self.loop) for s in self.sessions]
+
+    def tokens(self) -> list[str]:
+        return [token for token, _ in self.tally.acknowledged[-20:]]
+
+    def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for session in self.sessions:
+            asyncio.run_coroutine_threadsafe(session.close(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+class LockedSession(GradioSession):
+    def __init__(self, url: str, name: str, lock: threading.Lock):
+        super().__init__(url, name)
+        self.lock = lock
+
+    async def call(self, api_name: str, data: list) -> list:
+        await asyncio.to_thread(self.lock.acquire)
+        try:
+            return await super().call(api_name, data)
+        finally:
+            self.lock.release()
+
+
+def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Honest, figures: Figures, calls: int,
+         hold: bool, run_seed: int) -> None:
+    """`calls` calls drawn by Hypothesis; with `hold`, each alone (the honest annotators wait) and the state compared."""
+    lock = honest.lock if hold else threading.Lock()
+
+    @seed(run_seed)
+    @settings(max_examples=calls, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), phases=["generate"])
+    @given(st.data())
+    def one_call(data: st.DataObject) -> None:
+        endpoint = data.draw(st.sampled_from(surface))
+        tokens = honest.tokens() + [uuid.uuid4().hex]
+        with lock:
+            before = fingerprint(server) if hold else None
+            if endpoint.name.startswith("control:"):
+                role = data.draw(st.sampled_from(CONTROL_ROLES))
+                sent = data.draw(control_args(endpoint.name.removeprefix("control:")))
+                outcome = callers.control(role, endpoint.name.removeprefix("control:"), sent)
+            elif endpoint.name == "login":
+                role = "nobody"
+                sent = (data.draw(st.sampled_from([FUZZ_OPERATOR, DISABLED, "nobody"]) | odd_text()), data.draw(st.text(max_size=30) | odd_text()))
+                outcome = callers.login(*sent)
+            elif endpoint.name == "upload":
+                role = data.draw(st.sampled_from(ROLES))
+                sent = (data.draw(st.binary(max_size=2000)), data.draw(st.sampled_from(ODD_TEXT[:7] + ["p.jsonl"])))
+                outcome = callers.upload(role, *sent)
+            elif endpoint.name == "file":
+                role = data.draw(st.sampled_from(ROLES))
+                sent = data.draw(st.sampled_from(["/etc/passwd", str(server.project.root / "tether.toml"), str(server.project.database_path),
+                                                  "../../tether.toml", str(server.project.root / control.SERVER_FILE)]))
+                outcome = callers.file(role, sent)
+            else:
+                role = data.draw(st.sampled_from(ROLES))
+                sent = data.draw(gradio_data(endpoint, tokens))
+                outcome = callers.gradio(role, endpoint, sent, by_index=endpoint.private or data.draw(st.booleans()))
+            after = fingerprint(server) if hold else None
+        figures.calls += 1
+        figures.answers[endpoint.name][outcome] += 1
+        where = f"{endpoint.name} as {role} with {repr(sent)[:160]}"
+        if outcome.startswith("HTTP 5") or outcome == "no answer":
+            figures.failures.append(f"{where}: {outcome}")
+        if role in ("nobody", "signed out", "disabled", "no token", "wrong token") and outcome == "completed" \
+                and endpoint.name not in ("login", "file", "upload"):
+            figures.failures.append(f"{where}: completed for a caller with no account")
+        if endpoint.name == "file" and outcome == "completed":
+            figures.failures.append(f"{where}: served a file of the project or the machine")
+        if hold and (difference := changed(before, after)):
+            may_write = outcome == "completed" and (
+                role == "operator" or role == "token" or role == "annotator" and endpoint.name in ANNOTATOR_CALLS)
+            if not may_write:
+                figures.failures.append(f"{where} ({outcome}) changed {difference}")
+
+    one_call()
+
+
+def make_fuzz_project(root: Path, annotators: int, pairs: int):
+    project = make_project(root, tiny_model(root.parent / "tiny-llama"), pairs, annotators, 0)
+    password_hash = hash_password(PASSWORD)
+    with closing(project.connect()) as con:
+        for name, role in [(FUZZ_ANNOTATOR, "annotator"), (FUZZ_OPERATOR, "operator"), (DISABLED, "annotator"), (SIGNED_OUT, "annotator")]:
+            add_user(con, name, role, password_hash, "fuzz", utcnow())
+    return project
+
+
+def run(args: argparse.Namespace, work: Path) -> tuple[Figures, dict]:
+    project = make_fuzz_project(work / "project", args.annotators, args.pairs)
+    log = work / "server.log"
+    figures = Figures()
+    with server_log(log):
+        server = Server(load_project(project.root))
+        port = free_port()
+        app = launch(server, "127.0.0.1", port, prevent_thread_lock=True)
+        url = f"http://127.0.0.1:{port}/"
+        callers = honest = None
+        try:
+            callers = Callers(url, server.control_token)
+            server.control_action("set_disabled", DISABLED, True, "fuzz")  # after its sign-in: a session of a disabled account
+            honest = Honest(url, args.annotators, threading.Lock())
+            config = callers.clients["operator"].get("/config").json()
+            surface = [e for e in endpoints(config) if not args.only or e.name in args.only.split(",")]
+            cpu = resource.getrusage(resource.RUSAGE_SELF)
+            began = time.monotonic()
+            held = args.calls * 2 // 3
+            fuzz(server, callers, surface, honest, figures, held, True, args.seed)
+            fuzz(server, callers, surface, honest, figures, args.calls - held, False, args.seed + 1)
+            seconds = time.monotonic() - began
+            used = resource.getrusage(resource.RUSAGE_SELF)
+        finally:
+            if honest is not None:
+                honest.stop()
+            if callers is not None:
+                callers.close()
+            app.close()
+            server.close()
+    verdict = check_database(project.database_path, honest.tally.acknowledged)
+    lines = log.read_text(errors="replace").splitlines()
+    resources = {
+        "seconds": seconds, "endpoints": len(surface), "gradio functions": sum(e.fn_index is not None for e in surface),
+        "cpu ms per call": 1000 * (used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime) / max(figures.calls, 1),
+        "peak resident MB": used.ru_maxrss / 1024, "log lines": len(lines),
+        "refusal lines": sum(line.startswith("refused ") for line in lines),
+        "tracebacks": sum(line.startswith("Traceback") for line in lines),
+        "honest votes acknowledged": len(set(honest.tally.acknowledged)), "honest votes stored": verdict.stored,
+        "honest votes lost": len(verdict.missing), "honest votes refused": sum(honest.tally.refused.values()),
+        "honest errors": sum(honest.tally.errors.values()), "duplicates": verdict.duplicates,
+    }
+    if resources["tracebacks"]:
+        first = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+        figures.failures.append("traceback in the server's log:\n" + "\n".join(lines[max(0, first - 3):first + 25]))
+    for name in ("honest votes lost", "honest votes refused", "honest errors", "duplicates"):
+        if resources[name]:
+            figures.failures.append(f"{name}: {resources[name]} ({dict(honest.tally.refused) | dict(honest.tally.errors)})")
+    return figures, resources
+
+
+def print_report(figures: Figures, resources: dict) -> None:
+    outcomes = sorted({o for answers in figures.answers.values() for o in answers})
+    width = max(len(name) for name in figures.answers)
+    print(f"{'endpoint':<{width}} {'calls':>6} " + " ".join(f"{o:>10}" for o in outcomes))
+    for name, answers in sorted(figures.answers.items()):
+        print(f"{name:<{width}} {sum(answers.values()):>6} " + " ".join(f"{answers.get(o, 0):>10}" for o in outcomes))
+    for name, value in resources.items():
+        print(f"{name}: {value:.1f}" if isinstance(value, float) else f"{name}: {value}")
+    print(f"calls: {figures.calls}; failures (must be 0): {len(figures.failures)}")
+    for failure in figures.failures[:30]:
+        print(f"  {failure}")
+
+
+def main() -> None:
+    # The honest annotators draw from `random` in their own thread while Hypothesis draws calls: not its business here.
+    warnings.filterwarnings("ignore", category=HypothesisDeprecationWarning)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=3000, help="calls in all: two thirds each alone, one third beside the votes")
+    parser.add_argument("--annotators", type=int, default=4, help="honest annotators voting throughout")
+    parser.add_argument("--pairs", type=int, default=400, help="pairs in the project for the honest annotators")
+    parser.add_argument("--seed", type=int, default=0, help="Hypothesis's seed for the calls drawn")
+    parser.add_argument("--only", help="fuzz only these endpoints, comma-separated (names as the report gives them)")
+    parser.add_argument("--workdir", type=Path, help="keep the project and the server's log here (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tether-fuzz-") as tmp:
+        work = (args.workdir or Path(tmp)).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        os.chdir(work)  # where a backup to a relative path the fuzzer drew lands
+        figures, resources = run(args, work)
+    print_report(figures, resources)
+    sys.exit(1 if figures.failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""scripts/fuzz.py, briefly: every endpoint the app serves called with values Hypothesis draws, beside honest annotators."""
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_no_call_fails_the_server_or_writes_when_refused_and_no_honest_vote_is_lost(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--calls", "240", "--annotators", "2",
+                           "--pairs", "150", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    figures = dict(re.findall(r"^([a-z ]+): (\d+(?:\.\d+)?)$", done.stdout, re.M))
+    assert int(figures["gradio functions"]) >= 40 and int(figures["endpoints"]) >= 50  # found from the app, not listed
+    assert figures["tracebacks"] == "0" and int(figures["refusal lines"]) > 0
+    assert int(figures["honest votes acknowledged"]) > 0 and figures["honest votes lost"] == figures["honest votes refused"] == "0"
+    assert "calls: 240; failures (must be 0): 0" in done.stdout
