@@ -9,8 +9,8 @@ the server's own), with values drawn for its inputs' components: valid ones (a r
 real pair's token: one never served, another annotator's, one already answered), wrong types, missing and extra
 fields, huge and empty text, NUL and odd Unicode, NaN, infinities and negative numbers, paths that climb out.
 
-Each call holds the honest annotators back while the database (every table's rows, hashed) and the project folder are
-read before and after it: a refused call must change neither, and a caller with no account or no role for the function
+Each call holds the honest annotators back, waits for the jobs an accepted call started, and reads the database (every
+table's rows, hashed) and the project folder before and after it: a refused call must change neither, and a caller with no account or no role for the function
 must change nothing whatever the answer. Then a concurrent phase calls without holding them back. At the end: no 5xx
 answer, no traceback in the server's log (a refusal is one line), every honest vote acknowledged is stored and none
 refused, and the process's peak memory and CPU per call (server and clients together: an upper bound on the server's).
@@ -61,7 +61,8 @@ ROLES = ("nobody", "signed out", "disabled", "annotator", "operator")
 CONTROL_ROLES = ("no token", "wrong token", "token")
 # What an annotator may change: the queue's functions. Any other function changes nothing unless an operator calls it.
 ANNOTATOR_CALLS = {"next_pair", "skip", "rank", "vote_left", "vote_right", "vote_tie", "vote_both_bad"}
-FUZZ_ANNOTATOR, FUZZ_OPERATOR, DISABLED, SIGNED_OUT = "fuzz-annotator", "fuzz-operator", "fuzz-disabled", "fuzz-signed-out"
+# The fuzzer's accounts: named "hostile..." so that soak.check_database tells their votes from the honest annotators'.
+FUZZ_ANNOTATOR, FUZZ_OPERATOR, DISABLED, SIGNED_OUT = "hostile-annotator", "hostile-operator", "hostile-disabled", "hostile-signed-out"
 # Left alone between calls: the server's own files, and what a round or an export writes for the operator who asked.
 OWN_FILES = {control.SERVER_FILE}
 
@@ -168,6 +169,8 @@ class Callers:
 
     def __init__(self, url: str, control_token: str):
         self.url, self.control_token = url, control_token
+        self.own_tokens: list[str] = []  # the pairs the queue served the fuzzer's annotator, to vote on out of order
+        self.served: str | None = None
         self.clients = {role: httpx.Client(base_url=url, timeout=120) for role in ROLES}
         for role, name in [("signed out", SIGNED_OUT), ("disabled", DISABLED), ("annotator", FUZZ_ANNOTATOR), ("operator", FUZZ_OPERATOR)]:
             signed = self.clients[role].post("/login", data={"username": name, "password": PASSWORD})
@@ -180,7 +183,13 @@ class Callers:
 
     def gradio(self, role: str, endpoint: Endpoint, data: Any, by_index: bool) -> str:
         """The outcome: 'completed', 'refused' (the app's or Gradio's error), or 'HTTP <code>'."""
-        client = self.clients[role]
+        self.served = None
+        outcome = self._gradio(self.clients[role], endpoint, data, by_index)
+        if self.served and role == "annotator" and endpoint.name in ANNOTATOR_CALLS:
+            self.own_tokens.append(self.served)
+        return outcome
+
+    def _gradio(self, client: httpx.Client, endpoint: Endpoint, data: Any, by_index: bool) -> str:
         if by_index:
             session = uuid.uuid4().hex
             joined = client.post("/gradio_api/queue/join", **as_json({"data": data, "fn_index": endpoint.fn_index,
@@ -202,14 +211,19 @@ class Callers:
                 if line.startswith("event: "):
                     event = line.removeprefix("event: ")
                 elif line.startswith("data: ") and not queue and event in ("complete", "error"):
-                    return "completed" if event == "complete" else "refused"
+                    return self._answered(event == "complete", json.loads(line.removeprefix("data: ")))
                 elif line.startswith("data: ") and queue:
                     message = json.loads(line.removeprefix("data: "))
                     if message.get("msg") == "process_completed":
-                        return "completed" if message.get("success") else "refused"
+                        return self._answered(message.get("success"), (message.get("output") or {}).get("data"))
                     if message.get("msg") == "close_stream":
                         break
         return "no answer"
+
+    def _answered(self, completed: bool, output: Any) -> str:
+        if completed and isinstance(output, list) and output and isinstance(output[0], str) and output[0]:
+            self.served = output[0]  # where the call was one of the queue's, its view's first output: the pair's token
+        return "completed" if completed else "refused"
 
     def control(self, role: str, action: str, body: Any) -> str:
         token = {"no token": None, "wrong token": "not-the-token", "token": self.control_token}[role]
@@ -241,6 +255,15 @@ def fingerprint(server: Server) -> tuple:
     files = {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
              if p.is_file() and p.name not in OWN_FILES and not p.name.startswith("tether.duckdb")}
     return server.db(tables), files
+
+
+def wait_for_jobs(server: Server, seconds: float = 600) -> None:
+    """Until no job is queued or running (twice in a row): a job an accepted call started writes as it goes."""
+    deadline, idle = time.monotonic() + seconds, 0
+    while idle < 2 and time.monotonic() < deadline:
+        busy = server.db(lambda con: con.execute("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')").fetchall()[0][0])
+        idle = 0 if busy else idle + 1
+        time.sleep(0.2)
 
 
 def changed(before: tuple, after: tuple) -> str:
@@ -313,8 +336,10 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
     @given(st.data())
     def one_call(data: st.DataObject) -> None:
         endpoint = data.draw(st.sampled_from(surface))
-        tokens = honest.tokens() + [uuid.uuid4().hex]
+        tokens = honest.tokens() + callers.own_tokens[-5:] + [uuid.uuid4().hex]
         with lock:
+            if hold:
+                wait_for_jobs(server)
             before = fingerprint(server) if hold else None
             if endpoint.name.startswith("control:"):
                 role = data.draw(st.sampled_from(CONTROL_ROLES))

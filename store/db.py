@@ -118,6 +118,7 @@ def insert_rows(con: Connection, table: str, rows: list[dict[str, Any]], schema:
     if not rows:
         return
     batch = pa.Table.from_pylist(rows, schema=schema)
+    con.complete()  # DuckDB 2 refuses register while a result is unread, as one the last caller fetched one row of is
     con.register("_batch", batch)
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")

@@ -111,3 +111,17 @@ def test_a_body_with_nan_and_an_upload_part_with_no_file_name_are_refused_not_a_
         named = client.post("gradio_api/upload", files={"files": ("p.jsonl", b"{}")})
         assert named.status_code == 200
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_number_field_that_sent_no_whole_number_is_refused_in_words_not_an_error_id(project, capfd):
+    """Found by scripts/fuzz.py: a list or None where a version or a job's number was due failed in Tether's own code."""
+    with serving(project) as (_, url):
+        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        for args, api_name, message in [(([1], "dpo"), "/start_round", "Choose the round's reward model from the list."),
+                                        ((None,), "/job_log", "Give a job's number from the table."),
+                                        ((None,), "/cancel_job", "Give a job's number from the table."),
+                                        ((None, 2), "/generate", "Give the prompts and the completions per prompt as whole numbers.")]:
+            with pytest.raises(Exception, match=re.escape(message)):
+                operator.predict(*args, api_name=api_name)
+    log = capfd.readouterr().err
+    assert "Traceback" not in log and not re.search(r"^error [0-9a-f]{8} in", log, re.M), log

@@ -29,6 +29,13 @@ def refused(message: str) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
+def whole_number(value: Any) -> int | None:
+    """`value` as a whole number 0 or more, or None where it is none: a number field can send anything."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and value == int(value):
+        return int(value)
+    return None
+
+
 def log_refusal(call: str, reason: str) -> None:
     """One line in the server's log for a refused call: the caller's text in it can start no line of its own."""
     reason = " ".join(str(reason).split())

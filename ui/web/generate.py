@@ -4,15 +4,17 @@ import gradio as gr
 
 from ui.owner.jobs import submit_generation
 from ui.owner.server import Server
-from ui.web.common import user_errors, with_error_ids
+from ui.web.common import refused, user_errors, whole_number, with_error_ids
 
 
 def build_generate(server: Server) -> None:
     @with_error_ids
     def generate_pairs(limit: float, per_prompt: float, request: gr.Request) -> str:
         server.operator(request.username)
+        if whole_number(limit) is None or whole_number(per_prompt) is None:
+            raise refused("Give the prompts and the completions per prompt as whole numbers.")
         with user_errors():
-            job = submit_generation(server.project, server.db, int(limit), int(per_prompt))
+            job = submit_generation(server.project, server.db, whole_number(limit), whole_number(per_prompt))
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     with gr.Tab("Generate"):

@@ -6,9 +6,15 @@ from store.jobs import get_job, list_jobs
 from train.jobdir import log_tail
 from ui.owner.jobs import job_dir
 from ui.owner.server import Server
-from ui.web.common import QUIET, figure, progress_bar, user_errors, with_error_ids
+from ui.web.common import QUIET, figure, progress_bar, refused, user_errors, whole_number, with_error_ids
 
 JOB_COLUMNS = ["job", "kind", "status", "progress", "step", "loss", "created", "error"]
+
+
+def _job_number(job_id: float | None) -> int:
+    if (number := whole_number(job_id)) is None:
+        raise refused("Give a job's number from the table.")
+    return number
 
 
 def build_jobs(server: Server, timer: gr.Timer) -> None:
@@ -29,15 +35,15 @@ def build_jobs(server: Server, timer: gr.Timer) -> None:
     def job_log(job_id: float, request: gr.Request) -> str:
         server.operator(request.username)
         with user_errors():
-            job = server.db(get_job, int(job_id))
+            job = server.db(get_job, _job_number(job_id))
         return log_tail(job_dir(server.project, job.id), lines=40)
 
     @with_error_ids
     def cancel_job(job_id: float, request: gr.Request) -> list[list]:
         server.operator(request.username)
         with user_errors():
-            server.db(get_job, int(job_id))
-        server.jobs.cancel(int(job_id))
+            server.db(get_job, job_id := _job_number(job_id))
+        server.jobs.cancel(job_id)
         return job_table(request)
 
     with gr.Tab("Jobs"):

@@ -17,7 +17,7 @@ from ui.owner.rounds import (
     STAGES, RoundSummary, describe, ratings, reward_model_note, roll_back, round_history, round_warnings, start_round,
 )
 from ui.owner.server import Server
-from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, with_error_ids
+from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, whole_number, with_error_ids
 
 # The round table's columns (keys of ui.owner.rounds.describe) with their headers: people's verdict on each round.
 ROUND_COLUMNS = [
@@ -106,9 +106,10 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
     @with_error_ids
     def start(reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
         server.operator(request.username)
+        if reward_version is not None and whole_number(reward_version) is None:
+            raise refused("Choose the round's reward model from the list.")
         with user_errors():
-            round_id, job = start_round(server.project, server.db, int(reward_version) if reward_version else None,
-                                        server.snapshot, optimizer)
+            round_id, job = start_round(server.project, server.db, whole_number(reward_version) or None, server.snapshot, optimizer)
         if job is None:
             return f"Round {round_id} trained nothing: {server.db(get_round, round_id).note}."
         return f"Started round {round_id}: its first job is {job.id} ({STAGES[job.kind]})."
@@ -122,20 +123,20 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
     def set_schedule(every: float | None, request: gr.Request) -> str:
         """Change [round] every_comparisons, now and in tether.toml."""
         server.operator(request.username)
-        if every is None or every < 0 or every != int(every):
+        if (every := whole_number(every)) is None:
             raise refused("The number of comparisons must be a whole number, 0 or more.")
-        server.set_schedule(int(every))
-        return f"A round starts every {int(every)} new comparisons." if every else "The scheduler is off."
+        server.set_schedule(every)
+        return f"A round starts every {every} new comparisons." if every else "The scheduler is off."
 
     @with_error_ids
     def rollback(version: float | None, request: gr.Request) -> str:
         """Register a copy of an earlier policy version as the newest, so the next round starts from it."""
         server.operator(request.username)
-        if version is None or version < 0 or version != int(version):
+        if (version := whole_number(version)) is None:
             raise refused("Give the policy version to roll back to: a whole number, 0 or more.")
         with user_errors():
-            policy = roll_back(server.project, server.db, int(version))
-        return f"Rolled back: policy v{policy.version} is a copy of v{int(version)}, and the next round starts from it."
+            policy = roll_back(server.project, server.db, version)
+        return f"Rolled back: policy v{policy.version} is a copy of v{version}, and the next round starts from it."
 
     with gr.Tab("Loop") as tab:
         with gr.Row(equal_height=True):
