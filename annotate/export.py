@@ -17,9 +17,10 @@ and in training. An AI-decided row says so in its `source`.
 import dataclasses
 import json
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -88,6 +89,16 @@ class ExportError(StoreError):
     """An export that cannot be written as asked."""
 
 
+@contextmanager
+def _built(out: Path) -> Iterator[Path]:
+    """Where to build the export, renamed to `out` once whole: a failed one (a full disk) leaves nothing behind."""
+    try:
+        with built_beside(out) as built:
+            yield built
+    except OSError as e:
+        raise ExportError(f"cannot write {out}: {e.strerror or e}; nothing was written") from None
+
+
 @dataclass(frozen=True)
 class ExportResult:
     rows: int  # rows written: pairs in the preference export, votes in the raw one
@@ -132,7 +143,7 @@ def export_preferences(
         rows, schema = [_raw_row(pair, vote) for pair in kept for vote in pair.votes], RAW_SCHEMA
     else:
         rows, schema = [_export_row(pair) for pair in kept], PREFERENCE_SCHEMA
-    with built_beside(out) as built:  # a failed export leaves nothing behind
+    with _built(out) as built:
         WRITERS[fmt](rows, schema, built)
     return ExportResult(
         rows=len(rows),
@@ -158,7 +169,7 @@ def export_rankings(con: Connection, out: Path, fmt: str) -> int:
          "time": r.created_at.isoformat()}
         for r in stored_rankings(con)
     ]
-    with built_beside(out) as built:
+    with _built(out) as built:
         WRITERS[fmt](rows, RANKING_SCHEMA, built)
     return len(rows)
 

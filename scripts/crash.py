@@ -11,6 +11,11 @@ any check failed.
 
     .venv/bin/python scripts/crash.py --kills 25              # the long run; figures in BENCHMARKS.md
     .venv/bin/python scripts/crash.py --kills 2 --ops prompts,users   # a quick look
+    sudo .venv/bin/python scripts/crash.py --full-disk        # each operation once on a full disk
+
+With --full-disk the work happens on a tmpfs mounted for the run (root only), filled to its last byte before each
+operation runs unkilled: it must end whole, or refuse with one line naming the problem (no traceback) and leave
+nothing half done; space then returns, and the project is restarted and checked as after a kill.
 
 The project is on the tests' tiny random Llama, so a reward model or PPO job takes seconds.
 """
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +44,8 @@ from ui.owner.project import load_project
 from ui.owner.recovery import recover, stray_processes
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests/ is no installed package
+from tests.conftest import fill  # noqa: E402
 TETHER = str(Path(sys.executable).parent / "tether")
 PASSWORD = "a-long-enough-password"
 # The child: imports Tether, says so, waits for the word, then runs one operation as the user would.
@@ -45,7 +53,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from ui.cli import cli
-from ui.owner.config import read_config, set_setting
+from ui.owner.config import ConfigError, read_config, set_setting
 spec = json.loads(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -53,7 +61,10 @@ if "cli" in spec:
     cli.main(spec["cli"], prog_name="tether")
 else:
     path = Path(spec["settings"])
-    set_setting(path, read_config(path)[1], "round", "every_comparisons", spec["value"])
+    try:
+        set_setting(path, read_config(path)[1], "round", "every_comparisons", spec["value"])
+    except ConfigError as e:  # the server refuses the Loop view's change with its words
+        sys.exit(f"Error: {e}")
 """
 
 
@@ -182,10 +193,10 @@ def restart(project: Path) -> list[str]:
         return recover(con, loaded)
 
 
-def run_child(op: Operation, trial: int, kill_after: float | None) -> tuple[float, bool, int, str]:
-    """Run the operation in a child; kill it `kill_after` seconds after its start unless None. Returns its seconds,
-    whether it was killed before it ended, its exit status and its output."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(op.spec(trial))], cwd=ROOT, text=True,
+def run_child(op: Operation, spec: dict, kill_after: float | None) -> tuple[float, bool, int, str]:
+    """Run the operation, as `spec` says (its input files written), in a child; kill it `kill_after` seconds after its
+    start unless None. Returns its seconds, whether it was killed before it ended, its exit status and its output."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=ROOT, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert child.stdout.readline() == "ready\n"
@@ -231,6 +242,39 @@ def settings(project: Path) -> None:
         set_setting(path, read_config(path)[1], section, key, value)
 
 
+def refusal(status: int, output: str) -> str:
+    """How an operation that met a full disk ended: 'ok' (it fitted), its one line of refusal, or what is wrong."""
+    if status == 0:
+        return "ok"
+    last = output.strip().splitlines()[-1] if output.strip() else ""
+    if "Traceback" in output or not last:
+        return f"a traceback, not one line: {last}"
+    return last
+
+
+def full_disk(ops: dict[str, Operation], chosen: list[str], project: Path, work: Path) -> int:
+    """Each operation once with the disk full; returns how many were half done, failed their check, or refused unclearly."""
+    failures = 0
+    print(f"\n{'operation':<14}{'outcome':>9}{'check':>8}  refusal")
+    for name in chosen:
+        op, filler, trial = ops[name], work / "filler", 1
+        _, _, status, output = run_child(op, op.spec(0), None)  # first with room, as a reference (the export's rows)
+        if status:
+            sys.exit(f"{name} failed with room on the disk:\n{output}")
+        before, spec = op.state(project, trial), op.spec(trial)  # its input files written while there is room
+        fill(filler)
+        _, _, status, output = run_child(op, spec, None)
+        filler.unlink()
+        restart(project)
+        outcome, problems, said = op.outcome(before, op.state(project, trial), trial), check_project_at(project), refusal(status, output)
+        bad = outcome not in ("whole", "none") or problems or said.startswith("a traceback") or status and outcome != "none"
+        failures += bool(bad)
+        print(f"{name:<14}{outcome:>9}{'failed' if problems else 'whole':>8}  {said}", flush=True)
+        if problems:
+            print(f"  {problems}", flush=True)
+    return failures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=10, help="kills of each operation (default 10)")
@@ -238,22 +282,40 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=3000, help="rows in each imported file (default 3000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, help="where to build the project (default: a new temporary directory)")
+    parser.add_argument("--full-disk", action="store_true", help="run each operation once on a full disk instead (root only)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tether-crash-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.full_disk:
+        work = work / "disk"
+        work.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=768m", "tmpfs", str(work)], check=True)
+    try:
+        failures = run(args, work, rng)
+    finally:
+        if args.full_disk:
+            subprocess.run(["umount", "--lazy", str(work)], check=True)
+    print(f"\nhalf-done operations, failed checks and unclear refusals (must be 0): {failures}")
+    sys.exit(1 if failures else 0)
+
+
+def run(args: argparse.Namespace, work: Path, rng: random.Random) -> int:
     project = setup(work)
     ops = operations(project, work, args.size)
     chosen = args.ops.split(",") if args.ops else list(ops)
     if unknown := set(chosen) - set(ops):
         sys.exit(f"no operation {', '.join(sorted(unknown))}: choose from {', '.join(ops)}")
+    if args.full_disk:
+        print(f"project {project} on a {shutil.disk_usage(work).total // 2**20} MiB tmpfs; {', '.join(chosen)} on a full disk", flush=True)
+        return full_disk(ops, chosen, project, work)
     print(f"project {project}; {args.kills} kills of each of {', '.join(chosen)}", flush=True)
     failures = 0
     print(f"\n{'operation':<14}{'seconds':>8}{'kills':>7}{'mid-run':>9}{'whole':>7}{'none':>6}{'half':>6}{'check failed':>14}")
     for name in chosen:
         op = ops[name]
         trial = 0
-        seconds, _, status, output = run_child(op, trial, None)  # its run time, unkilled: the kills fall within it
+        seconds, _, status, output = run_child(op, op.spec(trial), None)  # its run time, unkilled: the kills fall within it
         restart(project)
         if status:
             sys.exit(f"{name} failed unkilled:\n{output}")
@@ -261,7 +323,7 @@ def main() -> None:
         for _ in range(args.kills):
             trial += 1
             before = op.state(project, trial)
-            _, killed, _, _ = run_child(op, trial, rng.uniform(0, 1.2 * seconds))
+            _, killed, _, _ = run_child(op, op.spec(trial), rng.uniform(0, 1.2 * seconds))
             restart(project)
             after = op.state(project, trial)
             outcome = op.outcome(before, after, trial)
@@ -274,8 +336,7 @@ def main() -> None:
                 print(f"  {name} trial {trial}: {outcome}; check: {problems or 'whole'}", flush=True)
         print(f"{name:<14}{seconds:>8.1f}{args.kills:>7}{tally['mid-run']:>9}{tally['whole']:>7}{tally['none']:>6}"
               f"{tally['half']:>6}{tally['check failed']:>14}", flush=True)
-    print(f"\nhalf-done operations and failed checks (must be 0): {failures}")
-    sys.exit(1 if failures else 0)
+    return failures
 
 
 if __name__ == "__main__":

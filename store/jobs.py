@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.db import Connection, StoreError, insert_rows, insert_values
+from store.db import Connection, StoreError, insert_rows, insert_values, transaction
 
 FINISHED = ("done", "failed", "cancelled")
 
@@ -36,10 +36,11 @@ def _job(row: tuple) -> Job:
 
 
 def add_job(con: Connection, kind: str, config: dict[str, Any], round_id: int | None = None) -> Job:
-    row = con.execute(
-        f"INSERT INTO jobs (kind, status, config, round) VALUES (?, 'queued', ?, ?) RETURNING {_COLUMNS}",
-        [kind, json.dumps(config), round_id],
-    ).fetchone()
+    with transaction(con):  # a commit that fails (a full disk) is NotSaved, in words
+        row = con.execute(
+            f"INSERT INTO jobs (kind, status, config, round) VALUES (?, 'queued', ?, ?) RETURNING {_COLUMNS}",
+            [kind, json.dumps(config), round_id],
+        ).fetchall()[0]
     return _job(row)
 
 
@@ -72,14 +73,15 @@ def finish_job(con: Connection, job_id: int, status: str, now: datetime, error: 
     """Mark a queued or running job done, failed or cancelled; a finished job stays as it is."""
     if status not in FINISHED:
         raise StoreError(f"a job finishes as one of {', '.join(FINISHED)}, not {status!r}")
-    con.execute(
-        """
-        UPDATE jobs SET status = ?, error = ?, finished_at = ?,
-                        progress = CASE WHEN ? = 'done' THEN 1 ELSE progress END
-        WHERE id = ? AND status IN ('queued', 'running')
-        """,
-        [status, error, now, status, job_id],
-    )
+    with transaction(con):
+        con.execute(
+            """
+            UPDATE jobs SET status = ?, error = ?, finished_at = ?,
+                            progress = CASE WHEN ? = 'done' THEN 1 ELSE progress END
+            WHERE id = ? AND status IN ('queued', 'running')
+            """,
+            [status, error, now, status, job_id],
+        )
 
 
 def running_job_ids(con: Connection) -> list[int]:

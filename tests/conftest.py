@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random-weight Llama with a real chat tokenizer, and projects on disk."""
 
+import errno
 import json
 import os
 import re
@@ -142,6 +143,18 @@ def tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Write to `path` until its filesystem has no space left, down to the last byte."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (2**16, 2**12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
 
 
 def free_port() -> int:

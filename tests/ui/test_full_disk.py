@@ -5,13 +5,16 @@ The project lives on a small tmpfs mounted for the test, which needs root (CI ru
 """
 
 import os
+import re
+import subprocess
+import sys
 from contextlib import closing
 
 import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, tmpfs
+from tests.conftest import REPO, RunningServer, add_pairs, add_users, fill, tmpfs
 from ui.owner.project import init_project
 
 PASSWORD = "password-123"
@@ -23,17 +26,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limit
 def small_disk(tmp_path):
     with tmpfs(tmp_path / "disk", "size=64m") as mount_point:
         yield mount_point
-
-
-def fill(path) -> None:
-    """Write to `path` until the filesystem has no space left, down to the last byte."""
-    with open(path, "wb", buffering=0) as f:
-        for chunk in (2**16, 2**12, 1):
-            try:
-                while True:
-                    f.write(b"\0" * chunk)
-            except OSError as e:
-                assert e.errno == 28, e  # ENOSPC
 
 
 def test_a_vote_on_a_full_disk_is_refused_and_not_counted_and_voting_resumes_when_space_returns(small_disk, tiny_model_dir, tmp_path):
@@ -77,3 +69,15 @@ def test_a_vote_on_a_full_disk_is_refused_and_not_counted_and_voting_resumes_whe
     with closing(open_database(project / "tether.duckdb")) as con:
         stored = [token for (token,) in con.execute("SELECT client_token FROM comparisons ORDER BY id").fetchall()]
     assert stored == acknowledged  # the refused attempt stored nothing; its retry stored the vote once
+
+
+def test_each_write_on_a_full_disk_ends_whole_or_refuses_in_one_line_and_leaves_nothing_half_done(tmp_path):
+    """scripts/crash.py --full-disk, on the operations whose refusals were tracebacks or left a file behind (a restore's
+    copy, a job's row, an export's file, the settings file, an init's database): each refused in one line, none half done."""
+    ops = ["export", "restore", "reward-model", "init", "settings"]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "crash.py"), "--full-disk", "--size", "200", "--ops", ",".join(ops),
+                           "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = {op: said for op, _, said in re.findall(r"^([a-z-]+) +(none|whole) +whole  (.*)$", done.stdout, re.M)}
+    assert sorted(table) == sorted(ops), done.stdout
+    assert all(said.startswith("Error: ") and "No space left on device" in said or said == "ok" for said in table.values()), table

@@ -112,6 +112,13 @@ def restore(src: Path, root: Path) -> Backup:
         _refuse_links(src, name)
         if not (src / name).exists():
             raise StoreError(f"{src} is incomplete: {name} is missing")
+    try:
+        return _restore_files(src, root, manifest, inputs)
+    except OSError as e:  # a full disk: nothing is left behind (built_beside)
+        raise StoreError(f"cannot restore into {root}: {e.strerror or e}") from None
+
+
+def _restore_files(src: Path, root: Path, manifest: dict, inputs: list[str]) -> Backup:
     with built_beside(root) as partial:
         partial.mkdir(mode=0o700)  # as the backup was made
         for name in (CONFIG_FILE, *manifest["adapters"], *inputs):  # a link that appeared since the check is copied, never followed

@@ -447,7 +447,10 @@ def set_setting(path: Path, read: str, section: str, key: str, value: Any) -> st
         placed = False
     if not placed:  # a line this simple reading misplaced, such as one inside a multi-line string
         raise ConfigError(f"{path}: cannot change [{section}] {key} without touching other settings: set it in the file by hand")
-    write_durably(path, changed)
+    try:
+        write_durably(path, changed)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write it ({e.strerror or e}), so it was left as it is") from None
     return changed
 
 

@@ -58,9 +58,16 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
         profile += f", lowered to fit a round in its {hardware.memory_gb:.0f} GB: {'; '.join(lowered)}"
     root.mkdir(parents=True, exist_ok=True)
     project = Project(root.resolve(), config)
-    with closing(project.connect()) as con:
-        if not policy_versions(con):  # an init killed before it wrote the settings made it already
-            add_policy(con, version=0, adapter_path=None)
+    made = not project.database_path.exists()
+    try:
+        with closing(project.connect()) as con:
+            if not policy_versions(con):  # an init killed before it wrote the settings made it already
+                add_policy(con, version=0, adapter_path=None)
+    except BaseException:
+        if made:  # a full disk leaves a file DuckDB cannot open, which the next init would refuse
+            for path in (project.database_path, project.database_path.with_name(DATABASE_FILE + ".wal")):
+                path.unlink(missing_ok=True)
+        raise
     write_config(root / CONFIG_FILE, config)  # last: a project exists only once its database does
     project.profile = profile
     return project
