@@ -365,6 +365,8 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
             after = fingerprint(server) if hold else None
         figures.calls += 1
         figures.answers[endpoint.name][outcome] += 1
+        if figures.calls % 100 == 0:
+            print(f"{figures.calls} calls, {len(figures.failures)} failures", flush=True)
         where = f"{endpoint.name} as {role} with {repr(sent)[:160]}"
         if outcome.startswith("HTTP 5") or outcome == "no answer":
             figures.failures.append(f"{where}: {outcome}")
