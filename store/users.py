@@ -72,6 +72,8 @@ def set_password_hash(con: Connection, name: str, password_hash: str, actor: str
 
 def account_events(con: Connection, limit: int = 200) -> list[AccountEvent]:
     """The newest changes first."""
+    if limit < 0:
+        raise StoreError(f"the number of account changes to show must be 0 or more, got {limit}")
     rows = con.execute(
         "SELECT created_at, account, action, actor FROM account_events ORDER BY id DESC LIMIT ?", [limit]
     ).fetchall()

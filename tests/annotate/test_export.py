@@ -178,7 +178,7 @@ def test_an_existing_out_is_refused_and_a_failed_export_leaves_nothing(tiny_proj
         raise OSError("disk full")
 
     monkeypatch.setitem(annotate.export.WRITERS, "jsonl", fail_halfway)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ExportError, match="prefs.jsonl: disk full; nothing was written"):
         export(tiny_project, tmp_path / "new" / "prefs.jsonl")
     assert list((tmp_path / "new").iterdir()) == []
 

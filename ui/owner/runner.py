@@ -57,7 +57,7 @@ class JobQueue:
                 try:
                     start_round(self.project, self.run, read=self.read)
                 except StoreError:
-                    pass  # the round is recorded as failed, with the reason
+                    pass  # recorded as failed with the reason, or refused before it began: nothing to train on yet
                 return
             self.stopping.wait(POLL_SECONDS)
             return

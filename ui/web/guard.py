@@ -139,7 +139,7 @@ class BodyLimit:
             await PlainTextResponse(f"The request is over [server] max_request_kb ({self.limit // 1024} KiB).", status_code=413)(
                 scope, receive, send)
             return
-        if Headers(scope=scope).get("content-type", "").startswith("application/json") and (problem := _not_json(body)):
+        if body and Headers(scope=scope).get("content-type", "").startswith("application/json") and (problem := _not_json(body)):
             await PlainTextResponse(f"The request's body is not JSON: {problem}.", status_code=400)(scope, receive, send)
             return
         replayed = False
