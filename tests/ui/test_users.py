@@ -168,6 +168,7 @@ def test_the_control_route_wants_the_servers_token(tiny_project):
         assert refused.status_code == 400
         # Found by scripts/fuzz.py: arguments of the wrong type, and a backup folder named with a NUL, were a 500.
         for action, args, message in [("account_log", [{}], "limit must be int, not dict"),
+                                      ("account_log", [-1], "account changes to show must be 0 or more, got -1"),
                                       ("set_disabled", ["ann", 1, "me"], "disabled must be bool, not int"),
                                       ("backup", [None], "dest must be str, not NoneType"),
                                       ("backup", ["b\x00"], "cannot be a directory's name: it holds a NUL character")]:
