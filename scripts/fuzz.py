@@ -249,7 +249,7 @@ class Callers:
 def fingerprint(server: Server) -> tuple:
     def tables(con) -> dict:
         names = [name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY table_name").fetchall()]
-        return {name: con.execute(f'SELECT count(*), sum(hash("{name}")) FROM "{name}"').fetchone() for name in names}
+        return {name: con.execute(f'SELECT count(*), sum(hash("{name}")) FROM "{name}"').fetchall()[0] for name in names}
 
     root = server.project.root
     files = {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))

@@ -141,8 +141,9 @@ def from_this_machine(client: str | None, local: str | None) -> bool:
 
 def _check_arguments(action: Callable[..., Any], args: list) -> None:
     """A TypeError unless `args` are what the action takes after its connection and project, each of its type."""
-    inspect.signature(action).bind(None, None, *args)
-    for parameter, value in zip(list(inspect.signature(action).parameters.values())[2:], args):
+    signature = inspect.signature(action)
+    signature.bind(None, None, *args)
+    for parameter, value in zip(list(signature.parameters.values())[2:], args):
         if type(value) is not parameter.annotation:  # bool is no int here, nor 1 a bool
             raise TypeError(f"{parameter.name} must be {parameter.annotation.__name__}, not {type(value).__name__}")
 

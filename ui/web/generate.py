@@ -11,10 +11,11 @@ def build_generate(server: Server) -> None:
     @with_error_ids
     def generate_pairs(limit: float, per_prompt: float, request: gr.Request) -> str:
         server.operator(request.username)
-        if whole_number(limit) is None or whole_number(per_prompt) is None:
+        limit, per_prompt = whole_number(limit), whole_number(per_prompt)
+        if limit is None or per_prompt is None:
             raise refused("Give the prompts and the completions per prompt as whole numbers.")
         with user_errors():
-            job = submit_generation(server.project, server.db, whole_number(limit), whole_number(per_prompt))
+            job = submit_generation(server.project, server.db, limit, per_prompt)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     with gr.Tab("Generate"):

@@ -106,10 +106,11 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
     @with_error_ids
     def start(reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
         server.operator(request.username)
-        if reward_version is not None and whole_number(reward_version) is None:
+        version = whole_number(reward_version)
+        if reward_version is not None and version is None:
             raise refused("Choose the round's reward model from the list.")
         with user_errors():
-            round_id, job = start_round(server.project, server.db, whole_number(reward_version) or None, server.snapshot, optimizer)
+            round_id, job = start_round(server.project, server.db, version or None, server.snapshot, optimizer)
         if job is None:
             return f"Round {round_id} trained nothing: {server.db(get_round, round_id).note}."
         return f"Started round {round_id}: its first job is {job.id} ({STAGES[job.kind]})."
