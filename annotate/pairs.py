@@ -87,22 +87,24 @@ def pair_across_versions(newer: list[Completion], older: list[Completion], queue
 
 def add_completions_with_pairs(
     con: Connection, completions: list[NewCompletion], queue: QueueConfig, against: int | None = None,
-    pairs_per_prompt: int | None = None,
+    pairs_per_prompt: int | None = None, unpaired_prompts: set[int] = frozenset(),
 ) -> tuple[list[Completion], list[NewPair]]:
     """Store new completions and the pairs built from them, in one transaction.
 
     Pairs are within each prompt (pairs_per_prompt of them chosen by the reward model, when given),
     or, given `against`, each new completion against one of that policy version on the same prompt.
     With [queue] answers_per_task above 2, completions within a prompt are grouped into tasks to rank
-    instead, unless the reward model picks the pairs. The pairs returned are the tasks' leads as well.
+    instead, unless the reward model picks the pairs. The pairs returned are the tasks' leads as well. The answers to
+    `unpaired_prompts` are stored unpaired within their prompt, for a later version's to be paired against.
     """
     tasks: list[NewTask] = []
     with transaction(con):
         stored = add_completions(con, completions)
+        within = [c for c in stored if c.prompt_id not in unpaired_prompts]
         if against is None and pairs_per_prompt is None and queue.answers_per_task > 2:
-            tasks, pairs = tasks_within_prompts(stored, queue)
+            tasks, pairs = tasks_within_prompts(within, queue)
         elif against is None:
-            pairs = pair_within_prompts(stored, queue, pairs_per_prompt)
+            pairs = pair_within_prompts(within, queue, pairs_per_prompt)
         else:
             pairs = pair_across_versions(stored, completions_of(con, against, sorted({c.prompt_id for c in stored})), queue)
         add_pairs(con, pairs)

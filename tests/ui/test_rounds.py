@@ -59,10 +59,12 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
             WHERE p.strategy = 'cross_version'
             """
         ).fetchall()
+        same_policy = {prompt for (prompt,) in con.execute("SELECT prompt_id FROM pairs WHERE strategy = 'same_policy'").fetchall()}
     assert rounds == [(1, "done", 0, 1, 1, None)]
-    # v0 answered every prompt twice already, so the round only samples the new policy.
+    # `tether generate` answered the prompts policies train on; the round answers the held-back ones with v0, then v1.
     assert jobs == [("reward_model", "done", None, None), ("ppo", "done", "0", None), ("predict", "done", None, None),
-                    ("generate", "done", "1", "0")]
+                    ("generate", "done", "0", None), ("generate", "done", "1", "0")]
+    assert same_policy and not same_policy & held_back, "a vote on two of v0's answers to a held-back prompt trains nothing"
     assert policy == (1, 0, 1)
     trained_on = {r["prompt_id"] for r in read_parquet(tiny_project / "jobs" / str(ppo_dir) / "inputs" / "prompts.parquet")}
     assert trained_on and not trained_on & held_back, "PPO must not train on the held-back prompts"
@@ -129,14 +131,16 @@ def test_auto_runs_dpo_until_the_reward_model_steers_then_its_trusted_optimizer_
     trusted = ('auto: PPO against reward model v1, which steers the loop: [reward_model] trust = "always"; '
                "its reward is the heads' mean less 1 times their spread")
     assert second.stdout.startswith(f"round 2: policy v2 from v1; reward model v1 reused: the votes hold nothing it did not train on; {trusted}; ")
-    assert "; candidate 1 of 1 (job 6) registered as v2: predicted win rate over v1 " in second.stdout
+    assert "; candidate 1 of 1 (job 7) registered as v2: predicted win rate over v1 " in second.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT optimizer, reward_version, policy_to FROM rounds ORDER BY id").fetchall()
         jobs = con.execute("SELECT round, kind FROM jobs WHERE round IS NOT NULL ORDER BY id").fetchall()
         penalty = con.execute("SELECT config->'ppo'->>'uncertainty_penalty' FROM jobs WHERE kind = 'ppo'").fetchone()[0]
     assert rounds == [("dpo", 1, 1), ("ppo", 1, 2)]  # the round's optimiser is PPO's, whichever candidate it registered
     # DPO beside PPO would have had no vote that v1 has not learnt: the round went on with its one candidate, and says so.
-    assert jobs == [(1, "reward_model"), (1, "dpo"), (1, "predict"), (1, "generate"), (2, "ppo"), (2, "predict"), (2, "generate")]
+    # Round 1 answers the held-back prompts with v0 first (`tether generate` answers the others), round 2 has v1's.
+    assert jobs == [(1, "reward_model"), (1, "dpo"), (1, "predict"), (1, "generate"), (1, "generate"), (2, "ppo"), (2, "predict"),
+                    (2, "generate")]
     assert "1 of [round] candidates = 2 trained: no resolved votes that policy v1 has not trained on" in second.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT round, optimizer FROM candidates ORDER BY job").fetchall() == [(1, "dpo"), (2, "ppo")]
@@ -176,7 +180,7 @@ def test_a_round_trains_its_candidates_and_registers_the_one_the_predictor_rates
         predictor = con.execute("SELECT id, config FROM jobs WHERE kind = 'predict'").fetchone()
         version = con.execute("SELECT version, parent, round, job, adapter_path FROM policies WHERE version = 1").fetchone()
         kinds = con.execute("SELECT kind FROM jobs WHERE round = 1 ORDER BY id").fetchall()
-    assert [k for (k,) in kinds] == ["reward_model", "dpo", "dpo", "predict", "generate"]
+    assert [k for (k,) in kinds] == ["reward_model", "dpo", "dpo", "predict", "generate", "generate"]
     (first, first_seed, *_), (second, second_seed, *_) = candidates
     assert second_seed - first_seed == 1000  # each its own seed
     best = max(candidates, key=lambda c: c[2])

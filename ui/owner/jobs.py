@@ -91,7 +91,7 @@ def submit_generation(
         generation = dataclasses.replace(generation, per_prompt=per_prompt)
     policy = run(get_policy, policy_version)
     if prompts is None:
-        prompts = run(prompts_to_generate, policy.version, limit)
+        prompts = prompts_to_pair(project, run, policy.version, limit)
     queue = project.config.queue
     newest = run(_newest_reward_model) if queue.strategy == "active" else None
     reward_model = newest if newest and steers(newest, project.config.reward_model) else None
@@ -111,6 +111,7 @@ def submit_generation(
         "reward_model": dataclasses.asdict(project.config.reward_model),
         "reward_adapter_path": str(project.root / reward_model.adapter_path) if reward_model else None,
         "pairs_per_prompt": pairs_per_prompt,
+        "unpaired_prompts": [] if against is not None else [p.id for p in prompts if is_held_back(p, project.config.round.held_back_share)],
     }
     return _submit(project, run, "generate", config, {"prompts": _prompt_table(prompts)}, round_id)
 
@@ -158,6 +159,17 @@ def _prompt_table(prompts: list[Prompt]) -> pa.Table:
 def is_held_back(prompt: Prompt, share: float) -> bool:
     """Whether PPO leaves this prompt out, so that rounds compare policies on it; fixed by its content."""
     return int(prompt.content_hash[:8], 16) < share * 16**8
+
+
+def prompts_to_pair(project: Project, run: Run, policy_version: int, limit: int | None = None) -> list[Prompt]:
+    """The active prompts whose answers are paired for votes, those the version has answered least first: all but the
+    held-back ones. No optimiser trains on a held-back prompt, so a vote on two answers of one version there would
+    teach the policy nothing; at 48 votes a round it was a third of them (scripts/BENCHMARKS.md)."""
+    share = project.config.round.held_back_share
+    prompts = [p for p in run(prompts_to_generate, policy_version, None) if not is_held_back(p, share)][:limit]
+    if not prompts:
+        raise JobError(f"every active prompt is held back to compare versions on ([round] held_back_share = {share}): add prompts")
+    return prompts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,7 +562,8 @@ def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[s
     ]
     with transaction(con):
         stored, pairs = add_completions_with_pairs(
-            con, completions, project.config.queue, job.config.get("against"), job.config.get("pairs_per_prompt")
+            con, completions, project.config.queue, job.config.get("against"), job.config.get("pairs_per_prompt"),
+            set(job.config.get("unpaired_prompts", [])),
         )
         add_metrics(con, job.id, [(0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})])
         finish_job(con, job.id, "done", utcnow())

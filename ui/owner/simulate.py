@@ -26,7 +26,7 @@ from store.policies import Policy, copied_version, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
 from store.rounds import AVERAGE, Round, round_candidates
-from ui.owner.jobs import job_dir, run_to_end, steers, submit_generation
+from ui.owner.jobs import job_dir, prompts_to_pair, run_to_end, steers, submit_generation
 from ui.owner.project import Project
 from ui.owner.rounds import STAGES, RoundSummary, round_report, round_summary, run_round
 
@@ -183,7 +183,7 @@ def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Rando
     seconds["votes"] += time.monotonic() - began
     while generate_more and votes.cast < labels:
         began = time.monotonic()
-        prompts = project.run(prompts_to_generate, project.run(get_policy, None).version, None)
+        prompts = prompts_to_pair(project, project.run, project.run(get_policy, None).version)
         per_prompt = _completions_per_prompt(project, labels - votes.cast, len(prompts))
         run_to_end(project, submit_generation(project, project.run, None, per_prompt, prompts=prompts), "more pairs")
         seconds["more pairs"] += time.monotonic() - began
