@@ -90,6 +90,17 @@ def leave_a_stray_job_folder(project):
     return "jobs/77 belongs to no job"
 
 
+def leave_a_stray_file_among_the_versions(project):
+    (project / "reward_models" / "notes.txt").write_text("mine")
+    return "reward_models/notes.txt is no version Tether made"
+
+
+def leave_a_stray_file_in_the_features_cache(project):
+    (reading,) = project.glob("features/*/")
+    (reading / "notes.txt").write_text("mine")
+    return f"{(reading / 'notes.txt').relative_to(project)} is not part of the features cache"
+
+
 def leave_a_partial_write(project):
     (project / "policies").mkdir()
     (project / "policies" / ".partial-2147483646-v2.abc").mkdir()
@@ -102,7 +113,8 @@ def break_the_settings(project):
 
 
 DAMAGE = [remove_version, change_a_file, add_a_file, lose_a_pair, lose_the_snapshot, break_the_cache,
-          leave_an_unregistered_version, leave_a_stray_job_folder, leave_a_partial_write, break_the_settings]
+          leave_an_unregistered_version, leave_a_stray_file_among_the_versions, leave_a_stray_file_in_the_features_cache,
+          leave_a_stray_job_folder, leave_a_partial_write, break_the_settings]
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=lambda d: d.__name__)

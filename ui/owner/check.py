@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from store.db import Connection
 from store.integrity import NamedFiles, database_problems, named_files
-from train.files import file_digests, partial_writes
+from train.files import PARTIAL, file_digests, partial_writes
 from train.jobdir import input_path
 from ui.owner.config import ConfigError, read_config
 from ui.owner.project import CONFIG_FILE, Project
@@ -128,11 +128,21 @@ def _unnamed(root: Path, named: NamedFiles) -> list[str]:
     """What nothing names in the folders Tether owns, and what a write that was killed left behind."""
     problems = []
     for kind in VERSION_DIRS:
-        for path in sorted((root / kind).glob("v*")):
+        for path in sorted((root / kind).glob("*")):
             relative = str(path.relative_to(root))
-            if relative not in named.versions:
+            if relative in named.versions or path.name.startswith(PARTIAL):  # a partial write: below
+                continue
+            if path.is_dir() and path.name[:1] == "v" and path.name[1:].isdigit():
                 problems.append(f"{relative} is not a registered version (its registration stopped part-way): the server "
                                 "sets it aside under jobs/ when it next starts")
+            else:
+                problems.append(f"{relative} is no version Tether made: delete it once you know it holds nothing of yours")
+    cache = root / FEATURES_DIR
+    for path in sorted([*cache.glob("*"), *cache.glob("*/*")]):
+        readings = path.parent == cache and path.is_dir() or path.parent.parent == cache and path.suffix == ".parquet"
+        if not readings and not path.name.startswith(PARTIAL):
+            problems.append(f"{path.relative_to(root)} is not part of the features cache: delete it once you know it holds "
+                            "nothing of yours")
     for path in sorted((root / "jobs").glob("*")):
         if not (path.name.isdigit() and int(path.name) in named.jobs) and path.name != ORPHANED_DIR:
             problems.append(f"jobs/{path.name} belongs to no job: delete it once you know it holds nothing of yours")
