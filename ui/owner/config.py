@@ -156,9 +156,9 @@ class RoundConfig:
     )
     held_back_share: float = field(
         default=0.25,
-        metadata={"help": "Share of the active prompts PPO never trains on. A round pairs the new policy against the old on "
-                          "them, so the votes measure it on prompts it was not optimised for. A prompt's side is fixed by its "
-                          "content, the same round after round."},
+        metadata={"help": "Share of the active prompts no optimiser trains on. A round pairs the new policy against the old on "
+                          "them, so the votes measure it on prompts it was not optimised for; annotators see no other pairs "
+                          "there. A prompt's side is fixed by its content, the same round after round."},
     )
     per_prompt: int = field(default=2, metadata={"help": "Completions of each policy per held-back prompt in a round, paired new against old."})
     every_comparisons: int = field(
