@@ -171,6 +171,7 @@ class Callers:
         self.url, self.control_token = url, control_token
         self.own_tokens: list[str] = []  # the pairs the queue served the fuzzer's annotator, to vote on out of order
         self.served: str | None = None
+        self.annotating = False  # whether the call in flight is one of the annotate view's
         self.clients = {role: httpx.Client(base_url=url, timeout=120) for role in ROLES}
         for role, name in [("signed out", SIGNED_OUT), ("disabled", DISABLED), ("annotator", FUZZ_ANNOTATOR), ("operator", FUZZ_OPERATOR)]:
             signed = self.clients[role].post("/login", data={"username": name, "password": PASSWORD})
@@ -182,8 +183,10 @@ class Callers:
             client.close()
 
     def gradio(self, role: str, endpoint: Endpoint, data: Any, by_index: bool) -> str:
-        """The outcome: 'completed', 'refused' (the app's or Gradio's error), or 'HTTP <code>'."""
+        """The outcome: 'completed', 'refused' (the app's or Gradio's error), 'refused in words' (the annotate view's
+        message line), or 'HTTP <code>'."""
         self.served = None
+        self.annotating = endpoint.name in ANNOTATOR_CALLS
         outcome = self._gradio(self.clients[role], endpoint, data, by_index)
         if self.served and role == "annotator" and endpoint.name in ANNOTATOR_CALLS:
             self.own_tokens.append(self.served)
@@ -221,9 +224,13 @@ class Callers:
         return "no answer"
 
     def _answered(self, completed: bool, output: Any) -> str:
-        if completed and isinstance(output, list) and output and isinstance(output[0], str) and output[0]:
+        if not completed:
+            return "refused"
+        if self.annotating and isinstance(output, list) and len(output) > 5 and output[5]:
+            return "refused in words"  # the annotate view's events are unqueued: it refuses in its message line
+        if isinstance(output, list) and output and isinstance(output[0], str) and output[0]:
             self.served = output[0]  # where the call was one of the queue's, its view's first output: the pair's token
-        return "completed" if completed else "refused"
+        return "completed"
 
     def control(self, role: str, action: str, body: Any) -> str:
         token = {"no token": None, "wrong token": "not-the-token", "token": self.control_token}[role]
@@ -378,7 +385,9 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
         if hold and (difference := changed(before, after)):
             may_write = outcome == "completed" and (
                 role == "operator" or role == "token" or role == "annotator" and endpoint.name in ANNOTATOR_CALLS)
-            if not may_write:
+            # A refused vote, skip or ranking shows the pair to answer instead: leasing it is the one write allowed.
+            serves_instead = outcome == "refused in words" and difference == "table assignments"
+            if not may_write and not serves_instead:
                 figures.failures.append(f"{where} ({outcome}) changed {difference}")
 
     one_call()
@@ -431,6 +440,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Figures, dict]:
         "peak resident MB": used.ru_maxrss / 1024, "log lines": len(lines),
         "refusal lines": sum(line.startswith("refused ") for line in lines),
         "tracebacks": sum(line.startswith("Traceback") for line in lines),
+        "annotate view refusals in words": sum(figures.answers.get(name, Counter())["refused in words"] for name in ANNOTATOR_CALLS),
         "honest votes acknowledged": len(set(honest.tally.acknowledged)), "honest votes stored": verdict.stored,
         "honest votes lost": len(verdict.missing), "honest votes refused": sum(honest.tally.refused.values()),
         "honest errors": sum(honest.tally.errors.values()), "duplicates": verdict.duplicates,
