@@ -144,7 +144,8 @@ def test_a_dpo_round_registers_the_next_policy_with_its_metrics_and_the_predicto
         metrics = {name for (name,) in con.execute("SELECT DISTINCT name FROM metrics WHERE job_id = ?", [jobs[1][0]]).fetchall()}
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
         candidate = con.execute("SELECT job, optimizer, chosen FROM candidates WHERE round = 1").fetchall()
-    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"), ("generate", "done")]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"),
+                                                       ("generate", "done"), ("generate", "done")]  # v0's held-back answers, then v1's
     assert round_ == ("done", 1, 1)  # the reward model trains for the predictor, though DPO learns from the votes alone
     assert candidate == [(jobs[1][0], "dpo", True)]
     assert {"loss", "chosen_reward", "rejected_reward", "margin", "accuracy", "pairs"} <= metrics
@@ -280,7 +281,8 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
         dpo_job = jobs[1][0]
         metrics = dict(con.execute("SELECT name, value FROM metrics WHERE job_id = ? AND name LIKE 'pairs%'", [dpo_job]).fetchall())
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
-    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"), ("generate", "done")]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("dpo", "done"), ("predict", "done"),
+                                                       ("generate", "done"), ("generate", "done")]  # v0's held-back answers, then v1's
     assert round_ == ("done", 1, 1)
     human = len(read_parquet(tiny_project / "jobs" / str(dpo_job) / "inputs" / "preferences.parquet"))
     assert metrics["pairs_human"] == human > 0 and 0 < metrics["pairs_reward_model"] <= 6

@@ -128,7 +128,7 @@ def test_generate_samples_from_a_policy_adapter(tiny_project, tiny_model_dir):
     model, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir)), str(tiny_project / "policies" / "v1"))
     assert model.active_adapters == ["default"]
 
-    (tiny_project / "p.jsonl").write_text(json.dumps({"prompt": "Hello there"}) + "\n")
+    (tiny_project / "p.jsonl").write_text(json.dumps({"prompt": "Hello there!"}) + "\n")  # not held back
     run_tether("prompts", "import", "p.jsonl", "--project", str(tiny_project), cwd=tiny_project, check=True)
     result = run_tether("generate", "--project", str(tiny_project))
     assert result.returncode == 0, result.stderr
@@ -146,10 +146,15 @@ def test_generate_without_prompts_says_what_to_do(tiny_project):
     result = run_tether("generate", "--project", str(tiny_project))
     assert result.returncode == 1
     assert "no active prompts" in result.stderr and "Traceback" not in result.stderr
+    (tiny_project / "p.jsonl").write_text(json.dumps({"prompt": "Hello there"}) + "\n")  # held back
+    run_tether("prompts", "import", str(tiny_project / "p.jsonl"), "--project", str(tiny_project), check=True)
+    result = run_tether("generate", "--project", str(tiny_project))
+    assert result.returncode == 1
+    assert "every active prompt (1) is held back to compare versions on ([round] held_back_share = 0.25)" in result.stderr
 
 
 def test_a_prompt_too_long_for_the_context_is_named(tiny_project):
-    (tiny_project / "p.jsonl").write_text(json.dumps({"prompt": "word " * 600}) + "\n")
+    (tiny_project / "p.jsonl").write_text(json.dumps({"prompt": "words " * 600}) + "\n")  # not held back
     run_tether("prompts", "import", str(tiny_project / "p.jsonl"), "--project", str(tiny_project), check=True)
     result = run_tether("generate", "--project", str(tiny_project))
     assert result.returncode == 1

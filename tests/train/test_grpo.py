@@ -50,7 +50,8 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
         grpo_job = jobs[1][0]
         metrics = con.execute("SELECT name, count(*) FROM metrics WHERE job_id = ? GROUP BY name", [grpo_job]).fetchall()
         adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 1").fetchone()[0]
-    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("grpo", "done"), ("predict", "done"), ("generate", "done")]
+    assert [(kind, status) for _, kind, status in jobs] == [("reward_model", "done"), ("grpo", "done"), ("predict", "done"),
+                                                       ("generate", "done"), ("generate", "done")]  # v0's held-back answers, then v1's
     assert round_ == ("done", 1, 1, "grpo")
     assert {name: count for name, count in metrics if name in ("score", "score_std", "kl_per_token", "response_length", "clip_ratio")} == {
         "score": 2, "score_std": 2, "kl_per_token": 2, "response_length": 2, "clip_ratio": 2}

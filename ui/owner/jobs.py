@@ -166,9 +166,11 @@ def prompts_to_pair(project: Project, run: Run, policy_version: int, limit: int 
     held-back ones. No optimiser trains on a held-back prompt, so a vote on two answers of one version there would
     teach the policy nothing; at 48 votes a round it was a third of them (scripts/BENCHMARKS.md)."""
     share = project.config.round.held_back_share
-    prompts = [p for p in run(prompts_to_generate, policy_version, None) if not is_held_back(p, share)][:limit]
-    if not prompts:
-        raise JobError(f"every active prompt is held back to compare versions on ([round] held_back_share = {share}): add prompts")
+    active = run(prompts_to_generate, policy_version, None)
+    prompts = [p for p in active if not is_held_back(p, share)][:limit]
+    if active and not prompts:
+        raise JobError(f"every active prompt ({len(active)}) is held back to compare versions on ([round] held_back_share = "
+                       f"{share}), and no policy trains on one: add prompts")
     return prompts
 
 
