@@ -15,11 +15,13 @@ from gradio_client import Client
 
 from annotate.queue import preference_spread
 from store import open_database
+from store.prompts import prompts_to_generate
 from store.reward_models import RewardModel
 from train.config import RewardModelConfig
 from train.jobdir import read_job
 from train.snapshot import PreferenceRow, read_preferences
-from ui.owner.jobs import steers
+from ui.owner.jobs import is_held_back, steers, submit_generation
+from ui.owner.project import load_project
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
@@ -104,6 +106,14 @@ def test_rm_train_registers_a_lora_version_with_its_snapshot_and_metrics(tiny_pr
     cases = [(json.loads(messages), text) for messages, text, _ in rewards]
     plain = score_with_plain_peft(tiny_model_dir, tiny_project / "reward_models" / "v1", cases, tmp_path)
     assert [p["normalised"] for p in plain] == pytest.approx([r for *_, r in rewards], abs=1e-4)
+
+    # A round's answers to the held-back prompts, kept for new-against-old pairs: [round] per_prompt of them, unpaired,
+    # not the 4 a pair the reward model would choose from.
+    project = load_project(tiny_project)
+    held_back = [p for p in project.run(prompts_to_generate, 0, None) if is_held_back(p, project.config.round.held_back_share)]
+    job = submit_generation(project, project.run, None, 2, 0, held_back)
+    assert job.config["generation"]["per_prompt"] == 2 and job.config["pairs_per_prompt"] is None
+    assert job.config["unpaired_prompts"] == [p.id for p in held_back] != []
 
 
 def reward_versions(project: Path) -> dict[int, dict]:

@@ -78,10 +78,11 @@ def submit_generation(
     against: int | None = None,
     round_id: int | None = None,
 ) -> Job:
-    """Queue sampling from the policy (the newest by default): for the given prompts, or those it has sampled least.
+    """Queue sampling from the policy (the newest by default): for the given prompts, or the trained-on prompts it has
+    sampled least (prompts_to_pair).
 
     The completions are paired within each prompt or, given `against`, each with one of that
-    policy version's completions of its prompt. With the 'active' queue and a reward model that
+    policy version's completions of its prompt; those of a held-back prompt only so. With the 'active' queue and a reward model that
     `steers`, the job also scores them, and a prompt's per_prompt / 2 pairs are chosen from
     `candidates` times as many answers (annotate.pairs.most_disputed). Otherwise, with [queue] answers_per_task
     K > 2, each prompt gets at least K completions, grouped into tasks to rank.
@@ -92,14 +93,16 @@ def submit_generation(
     policy = run(get_policy, policy_version)
     if prompts is None:
         prompts = prompts_to_pair(project, run, policy.version, limit)
+    unpaired = [] if against is not None else [p.id for p in prompts if is_held_back(p, project.config.round.held_back_share)]
+    within = against is None and len(unpaired) < len(prompts)  # some answers are paired within their prompt
     queue = project.config.queue
     newest = run(_newest_reward_model) if queue.strategy == "active" else None
     reward_model = newest if newest and steers(newest, project.config.reward_model) else None
     pairs_per_prompt = None
-    if reward_model is not None and against is None:
+    if reward_model is not None and within:
         pairs_per_prompt = max(1, generation.per_prompt // 2)
         generation = dataclasses.replace(generation, per_prompt=pairs_per_prompt * queue.candidates)
-    elif against is None and 2 < queue.answers_per_task and generation.per_prompt < queue.answers_per_task:  # a task to rank wants K
+    elif within and 2 < queue.answers_per_task and generation.per_prompt < queue.answers_per_task:  # a task to rank wants K
         generation = dataclasses.replace(generation, per_prompt=queue.answers_per_task)
     config = {
         "model": dataclasses.asdict(project.config.model),
@@ -111,7 +114,7 @@ def submit_generation(
         "reward_model": dataclasses.asdict(project.config.reward_model),
         "reward_adapter_path": str(project.root / reward_model.adapter_path) if reward_model else None,
         "pairs_per_prompt": pairs_per_prompt,
-        "unpaired_prompts": [] if against is not None else [p.id for p in prompts if is_held_back(p, project.config.round.held_back_share)],
+        "unpaired_prompts": unpaired,
     }
     return _submit(project, run, "generate", config, {"prompts": _prompt_table(prompts)}, round_id)
 
