@@ -134,7 +134,7 @@ def import_prefs(file: Path, project_dir: Path):
 @click.option("--policy", "policy_version", type=int, help="Policy version to sample from [default: the newest].")
 @project_option
 def generate(per_prompt: int | None, limit: int | None, policy_version: int | None, project_dir: Path):
-    """Sample completions for the project's prompts and pair them up for annotation.
+    """Sample completions for the project's prompts that policies train on, and pair them up for annotation.
 
     \b
     Example:
