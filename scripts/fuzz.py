@@ -188,7 +188,7 @@ class Callers:
         self.served = None
         self.annotating = endpoint.name in ANNOTATOR_CALLS
         outcome = self._gradio(self.clients[role], endpoint, data, by_index)
-        if self.served and role == "annotator" and endpoint.name in ANNOTATOR_CALLS:
+        if self.served and role == "annotator" and self.annotating:
             self.own_tokens.append(self.served)
         return outcome
 

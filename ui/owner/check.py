@@ -139,8 +139,8 @@ def _unnamed(root: Path, named: NamedFiles) -> list[str]:
                 problems.append(f"{relative} is no version Tether made: delete it once you know it holds nothing of yours")
     cache = root / FEATURES_DIR
     for path in sorted([*cache.glob("*"), *cache.glob("*/*")]):
-        readings = path.parent == cache and path.is_dir() or path.parent.parent == cache and path.suffix == ".parquet"
-        if not readings and not path.name.startswith(PARTIAL):
+        in_cache = path.parent == cache and path.is_dir() or path.parent.parent == cache and path.suffix == ".parquet"
+        if not in_cache and not path.name.startswith(PARTIAL):
             problems.append(f"{path.relative_to(root)} is not part of the features cache: delete it once you know it holds "
                             "nothing of yours")
     for path in sorted((root / "jobs").glob("*")):
