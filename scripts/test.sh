@@ -15,6 +15,7 @@ fi
 # Two test processes, a file each at a time, one core each. `tether` commands and their jobs run in
 # the test's own process (tests/conftest.py), where torch is imported once. One OpenMP thread per
 # process, so that the two do not spin against each other's threads on a 2-core machine.
+# Files with long tests go first (tests/conftest.py), in that order, not xdist's most-tests-first.
 # `scripts/test.sh -n 0` runs the tests one at a time.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -5,6 +5,7 @@ import threading
 from contextlib import closing
 from datetime import datetime, timedelta
 
+import pytest
 from gradio_client import Client
 
 from annotate.queue import Action, LiveQueue, QueueConfig
@@ -59,6 +60,7 @@ def make_project(tiny_project):
     return tiny_project
 
 
+@pytest.mark.long
 def test_sixteen_annotators_cast_four_hundred_votes_at_once(tiny_project):
     project = make_project(tiny_project)
     server = RunningServer(project)
@@ -90,6 +92,7 @@ def test_sixteen_annotators_cast_four_hundred_votes_at_once(tiny_project):
     assert len(acknowledged) == 400
 
 
+@pytest.mark.long
 def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
     project = make_project(tiny_project)
     server = RunningServer(project)
@@ -134,6 +137,7 @@ def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
         assert still_wanted and still_wanted <= served  # the unanswered pairs are back in the queue
 
 
+@pytest.mark.long
 def test_a_kill_9_under_full_load_at_100k_pairs_loses_no_vote_and_the_queue_rebuilds_the_same(tiny_project):
     """Annotators vote as fast as the server answers on a project of 100,000 pairs; the server is killed
     and restarted, and voting goes on. Every acknowledged vote is stored, no pair gets more votes than it

@@ -71,6 +71,7 @@ def test_a_vote_on_a_full_disk_is_refused_and_not_counted_and_voting_resumes_whe
     assert stored == acknowledged  # the refused attempt stored nothing; its retry stored the vote once
 
 
+@pytest.mark.long
 def test_each_write_on_a_full_disk_ends_whole_or_refuses_in_one_line_and_leaves_nothing_half_done(tmp_path):
     """scripts/crash.py --full-disk, on the operations whose refusals were tracebacks or left a file behind (a restore's
     copy, a job's row, an export's file, the settings file, an init's database): each refused in one line, none half done."""

@@ -4,9 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.long
 def test_no_call_fails_the_server_or_writes_when_refused_and_no_honest_vote_is_lost(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--calls", "240", "--annotators", "2",
                            "--pairs", "150", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=900)

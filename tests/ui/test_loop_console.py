@@ -59,6 +59,7 @@ def round_jobs(seen: set[str], round_id: int) -> set[str]:
     return {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith(f"Round {round_id} ") and " (job " in s}
 
 
+@pytest.mark.long
 def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_ratings(tiny_project):
     with loop_app(tiny_project, ppo_steps=3) as (operator, annotator):
         started = operator.predict(None, "ppo", api_name="/start_round")
@@ -105,6 +106,7 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
 
 
+@pytest.mark.long
 def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_project):
     set_settings(tiny_project, "dpo", pairs="human")  # on the votes alone; the round's predictor still needs a reward model
     with loop_app(tiny_project) as (operator, _):
@@ -130,19 +132,31 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
             assert [step for step, _ in points] == steps, title
 
 
-def test_a_round_with_too_few_pairs_ends_in_the_app_saying_so(tiny_project):
-    """[round] min_pairs in the app: the round trains its reward model and ends with no version, in the round table;
-    started again with no new vote, it reuses that model and ends at once, and the start button says why."""
+def test_the_scheduler_starts_a_round_and_one_with_too_few_pairs_ends_saying_so(tiny_project):
+    """[round] every_comparisons and [round] min_pairs in the app: the scheduler starts a round once enough votes came
+    in, and no second one without new votes; the round trains its reward model and ends with no version, in the round
+    table; started again with no new vote, it reuses that model and ends at once, and the start button says why."""
     set_settings(tiny_project, "dpo", pairs="human")
-    set_settings(tiny_project, "round", min_pairs=1000)
+    set_settings(tiny_project, "round", min_pairs=1000, optimizer="dpo")  # what a scheduled round runs
     with loop_app(tiny_project) as (operator, _):
-        assert operator.predict(None, "dpo", api_name="/start_round") == "Started round 1: its first job is 2 (reward model)."
+        assert operator.predict(api_name="/round_status") == "No round running; the scheduler is off."
+        assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
+        # Every v0 pair was voted on before the app started, so those votes already count: a round is due.
+        deadline = time.monotonic() + 60
+        while not operator.predict(api_name="/round_status").startswith("Round 1") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "the scheduler starts a round every 3 new comparisons" in operator.predict(api_name="/round_status")
         wait_for_no_round(operator, set())
+        time.sleep(2)  # no new votes since round 1 started: no second round
+        _, settings, *_ = operator.predict(None, api_name="/rounds")
+        assert [row[:2] for row in settings["data"]] == [[1, "done"]]
+        assert operator.predict(0, api_name="/set_schedule") == "The scheduler is off."
         again = operator.predict(None, "dpo", api_name="/start_round")
         assert re.fullmatch(r"Round 2 trained nothing: reward model v1 reused: the votes hold nothing it did not train on; "
                             r"DPO on the votes would train on \d+ pairs, fewer than \[round\] min_pairs = 1000: nothing "
                             r"trained, and the votes carry over to the next round\.", again), again
         history, settings, *_ = operator.predict(None, api_name="/rounds")
+    assert "every_comparisons = 0" in (tiny_project / "tether.toml").read_text()
     rows = [dict(zip(history["headers"], shown)) | dict(zip(settings["headers"], why)) for shown, why in zip(history["data"], settings["data"])]
     assert [(r["round"], r["status"], r["policy"]) for r in rows] == [(2, "done", "v0 →"), (1, "done", "v0 →")]
     assert rows[1]["why it ran so"].startswith("DPO on the votes would train on ") and rows[1]["reward model"] == "v1 (head)"
@@ -172,22 +186,6 @@ def test_cancelling_a_round_stops_its_job_and_queues_nothing_after_it(tiny_proje
         jobs = con.execute("SELECT kind, status FROM jobs WHERE round = 1").fetchall()
     assert rounds == [("cancelled", "cancelled by an operator")]
     assert jobs == [("reward_model", "cancelled")]
-
-
-def test_the_scheduler_starts_a_round_after_n_new_comparisons(tiny_project):
-    with loop_app(tiny_project) as (operator, annotator):
-        assert operator.predict(api_name="/round_status") == "No round running; the scheduler is off."
-        assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
-        # Every v0 pair was voted on before the app started, so those votes already count: a round is due.
-        deadline = time.monotonic() + 60
-        while not operator.predict(api_name="/round_status").startswith("Round 1") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "the scheduler starts a round every 3 new comparisons" in operator.predict(api_name="/round_status")
-        wait_for_no_round(operator, set())
-        time.sleep(2)  # no new votes since round 1 started: no second round
-        _, settings, *_ = operator.predict(None, api_name="/rounds")
-        assert [row[:2] for row in settings["data"]] == [[1, "done"]]
-    assert "every_comparisons = 3" in (tiny_project / "tether.toml").read_text()
 
 
 def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_drift_in_length_and_repetition(tmp_path):

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -13,6 +15,7 @@ def figure(report: str, label: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.long
 def test_soak_restarts_the_server_twice_and_finds_every_acknowledged_vote_stored_once_beside_a_hostile_annotator(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "soak.py"), "--annotators", "4", "--minutes", "1.2", "--restart-every", "30",
