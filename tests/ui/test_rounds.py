@@ -351,7 +351,7 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
         line = next(line for line in lines if line.startswith(f"round {number}:"))
         assert f"policy v{number}: judge win rate over v0" in line and "on 10 answers" in line
         figures = report[number - 1]
-        assert f"KL to v0 on its answers {figures['kl_to_v0']:.2f}," in line and f"{figures['win_rate']:.1%} [{figures['low']:.1%}" in line
+        assert f"KL to v0 {figures['kl_to_v0']:.2f}," in line and f"{figures['win_rate']:.1%} [{figures['low']:.1%}" in line
         assert figures["seconds"] >= sum(figures["stages"].values()) and set(figures["stages"]) >= {"votes", "PPO", "evaluation"}
         agreement = re.search(r"10 votes, (\d+\.\d)% of them sided with the noiseless judge \(\d+\.\d% expected\)", line)
         assert agreement and float(agreement[1]) == pytest.approx(100 * figures["agreement"], abs=0.05)
@@ -363,6 +363,9 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
         took = next(line for line in lines if line.startswith(f"round {number} took"))
         assert all(stage in took for stage in ("votes", "reward model", "PPO", "completions", "evaluation"))
     assert "v1 agreed with" in next(line for line in lines if line.startswith("round 2:"))  # the warm start measured v1 on the new votes
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:  # each version's KL as its round measured it, not again
+        registered = con.execute("SELECT kl_to_v0 FROM candidates WHERE chosen ORDER BY round").fetchall()
+    assert [(r["kl_to_v0"],) for r in report] == registered
     table = lines.index("the rounds as people (the simulated annotators) saw them:")
     assert lines[table + 1].split()[:3] == ["round", "status", "policy"] and len(lines) >= table + 4
     with closing(open_database(tiny_project / "tether.duckdb")) as con:

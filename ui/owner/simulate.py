@@ -70,19 +70,26 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     start = project.run(get_policy, None)
     per_prompt = sim.answers_per_prompt
     say(f"sampling {per_prompt} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    evaluated = {start.version: sample_answers(project, start, prompts, per_prompt, sim.seed)}
-    baseline = evaluated[start.version][0]
+    evaluated = {start.version: sample_answers(project, start, prompts, per_prompt, sim.seed, kl=False)[0]}
+    baseline = evaluated[start.version]
+    # Each version's KL to v0 as the round measured it when it registered the version, on the predictor's answers: the
+    # measure [round] kl_budget holds. Measuring it again on the evaluation answers took a third of the bench's time.
+    kl_to_v0: dict[int, float | None] = {start.version: 0.0} if start.version == 0 else {}
     say(f"round 0: policy v{start.version}, judge mean score "
         f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
     sim = with_noise(sim, within_prompt_margins(sim.judge, prompts, _texts(baseline)), start.version, say)
 
-    def answers_of(version: int) -> tuple[list, float]:
-        """A version's evaluation answers and KL to v0, sampled once: a rollback's copy answers as the version it copies."""
+    def answers_of(version: int) -> list:
+        """A version's evaluation answers, sampled once: a rollback's copy answers as the version it copies."""
         if version not in evaluated:
             copied = project.run(copied_version, version)
             evaluated[version] = answers_of(copied) if copied is not None else sample_answers(
-                project, project.run(get_policy, version), prompts, per_prompt, sim.seed)
+                project, project.run(get_policy, version), prompts, per_prompt, sim.seed, kl=False)[0]
         return evaluated[version]
+
+    def kl_of(version: int) -> float | None:
+        copied = project.run(copied_version, version)
+        return kl_of(copied) if copied is not None else kl_to_v0.get(version)
 
     for number in range(1, sim.rounds + 1):
         seconds: Counter = Counter()
@@ -90,15 +97,17 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         votes = _cast(project, sim, names, rng, seconds)
         round_ = run_round(project, None, sim.optimizer, seconds)
         clock = time.monotonic()
+        summary = round_summary(project.run, round_.id)
         served = round_.policy_to if round_.policy_to is not None else round_.policy_from
-        answers, kl = answers_of(served)
-        start_answers = answers_of(round_.policy_from)[0]
+        if round_.policy_to is not None:
+            kl_to_v0[round_.policy_to] = summary.kl
+        answers, kl = answers_of(served), kl_of(served)
+        start_answers = answers_of(round_.policy_from)
         follows = None if round_.reward_version is None else reward_model_follows_judge(project, round_.reward_version, sim.judge, prompts, answers)
         seconds["evaluation"] += time.monotonic() - clock
         clock = time.monotonic()
         candidates = _judged_candidates(project, sim, round_, start_answers, answers)
         seconds["judging candidates"] += time.monotonic() - clock
-        summary = round_summary(project.run, round_.id)
         over_v0 = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
         over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(start_answers))
         outcome = (f"policy v{served}: judge win rate over v{start.version} {over_v0.win_rate:.1%} [{over_v0.low:.1%}, {over_v0.high:.1%}] on "
@@ -108,7 +117,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
             f"round {number}: {votes.cast} votes, {_share(votes.agreement)} of them sided with the noiseless judge "
             f"({_share(votes.ceiling)} expected); "
             f"{training_summary(project, summary)}; {outcome}, "
-            f"judge mean score {over_v0.mean_score:.3f}, KL to v0 on its answers {kl:.2f}, {_ended(answers)} of its answers ended"
+            f"judge mean score {over_v0.mean_score:.3f}, KL to v0 {'unmeasured' if kl is None else f'{kl:.2f}'}, {_ended(answers)} of its answers ended"
             + ("" if follows is None else f"; on them the reward model's score correlates {follows:.2f} with the judge's within a prompt")
         )
         for c in candidates:
@@ -153,7 +162,7 @@ def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_a
             over_start = judge_against(sim.judge, sim.eval_prompts, _texts(registered_answers), _texts(start_answers)).win_rate
         elif sim.judge_candidates or c.job == top and round_.policy_to is None:
             folder = job_dir(project, c.job) / (AVERAGE if c.optimizer == AVERAGE else "policy")
-            answers, _ = sample_answers(project, folder, sim.eval_prompts, sim.answers_per_prompt, sim.seed)
+            answers, _ = sample_answers(project, folder, sim.eval_prompts, sim.answers_per_prompt, sim.seed, kl=False)
             over_start = judge_against(sim.judge, sim.eval_prompts, _texts(answers), _texts(start_answers)).win_rate
         judged.append({"job": c.job, "optimizer": c.optimizer, "seed": c.seed, "predicted": c.win_rate, "low": c.low, "high": c.high,
                        "kl_to_v0": c.kl_to_v0, "chosen": c.chosen, "top": c.job == top, "verdict": c.verdict,
@@ -260,9 +269,10 @@ def _on_new_votes(project: Project, round_: Round) -> str:
     return f", v{metrics['new_votes_from']} agreed with {_share(metrics['new_votes_accuracy'])} of the {metrics['new_votes_pairs']} new votes"
 
 
-def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messages], per_prompt: int, seed: int) -> tuple[list, float]:
+def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messages], per_prompt: int, seed: int,
+                   kl: bool = True) -> tuple[list, float | None]:
     """per_prompt answers (train.generate.Generated) to each prompt from a policy version (or the adapter in a folder),
-    grouped by prompt, the same seed for every version; and the policy's KL to the base on them."""
+    grouped by prompt, the same seed for every version; and, where `kl`, the policy's KL to the base on them."""
     from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
     from train.models import decode_steps_for, load_model
 
@@ -274,6 +284,8 @@ def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messag
     steps = decode_steps_for(len(prompts) * per_prompt, config.batch_size, config.max_new_tokens)
     model, tokenizer = load_model(project.config.model, adapter, steps)
     answers = generate(model, tokenizer, prompts, config)
+    if not kl:
+        return answers, None
     if adapter is None or config.temperature == 0:  # the base itself, or greedy answers that are no sample of it
         return answers, 0.0 if adapter is None else float("nan")
     return answers, kl_to_base(model, tokenizer, prompts, answers, config.temperature, config.batch_size)
