@@ -160,8 +160,9 @@ def print_rounds(loops: dict[str, list[dict]]) -> None:
             follows = "" if r["reward_model_follows_judge"] is None else f"{r['reward_model_follows_judge']:.2f}"
             over_start = f"{r['over_start']:.1%} [{r['over_start_low']:.1%}, {r['over_start_high']:.1%}]" if "over_start" in r else ""
             stages = ", ".join(f"{r['stages'].get(stage, 0):.0f}" for stage in STAGES)
+            kl = "" if r["kl_to_v0"] is None else f"{r['kl_to_v0']:.2f}"
             print(f"| {name} | {r['round']} | {(r['optimizer'] or '').upper()} | v{r.get('start', r['policy'] - 1)} → v{r['policy']} | "
-                  f"{r['win_rate']:.1%} [{r['low']:.1%}, {r['high']:.1%}] | {over_start} | {predicted} | {'' if r['kl_to_v0'] is None else f"{r['kl_to_v0']:.2f}"} | {votes} | "
+                  f"{r['win_rate']:.1%} [{r['low']:.1%}, {r['high']:.1%}] | {over_start} | {predicted} | {kl} | {votes} | "
                   f"{follows} | {r['seconds']:.0f}: {stages} |")
     for name, figures in loops.items():
         for r in figures:

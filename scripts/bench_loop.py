@@ -73,9 +73,10 @@ def main() -> None:
     for optimizer, figures in rounds.items():
         for r in figures:
             wall = r["seconds"] - r["stages"].get("evaluation", 0)
+            kl = "" if r["kl_to_v0"] is None else f"{r['kl_to_v0']:.2f}"
             totals[optimizer] = totals.get(optimizer, 0) + wall
             print(f"{optimizer:>9}  {r['round']:>5}  {r['win_rate']:>13.1%} [{r['low']:.1%}, {r['high']:.1%}]  "
-                  f"{r['mean_score']:>10.3f}  {'' if r['kl_to_v0'] is None else f"{r['kl_to_v0']:.2f}":>8}  {r['ended']:>13.0%}  {wall:>6.0f}")
+                  f"{r['mean_score']:>10.3f}  {kl:>8}  {r['ended']:>13.0%}  {wall:>6.0f}")
     for optimizer, total in totals.items():
         ratio = f", {total / totals['ppo']:.2f} of PPO's" if "ppo" in totals and optimizer != "ppo" else ""
         print(f"{optimizer}: {len(rounds[optimizer])} rounds took {total:.0f} s{ratio}")
