@@ -4,12 +4,16 @@ The reference of PPO, DPO and GRPO is the quantised base with the adapters off, 
 is 0 and DPO's first loss is log 2 on it too; adapters trained on it are plain float32 PEFT files.
 """
 
+import dataclasses
 import gc
 import json
 import math
 import os
+import subprocess
+import sys
 from contextlib import closing
 
+import pyarrow as pa
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -17,14 +21,16 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from store import open_database
 from tests.conftest import (
-    DEMO_PROMPTS, PPO_PROMPTS, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair,
+    DEMO_PROMPTS, PPO_PROMPTS, REPO, read_parquet, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair,
 )
-from train.config import DPOConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
+from tests.train.test_adapters import lora_adapter
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
 from train.dpo import train_dpo
 from train.errors import ModelError
 from train.generate import end_of_turn_ids
 from train.grpo import train_grpo
 from train.hardware import check_runs_here
+from train.jobdir import write_job
 from train.models import load_model, prepare_for_training
 from train.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo_step, trainable_parameters
 from train.reward import train_reward_model
@@ -291,3 +297,17 @@ def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_n
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
     assert not (tiny_project / "jobs").exists() or not any((tiny_project / "jobs").iterdir())
+
+
+@pytest.mark.parametrize("quantization", ["none", "4bit"])
+def test_only_a_job_on_a_quantised_base_imports_bitsandbytes(tiny_model_dir, tmp_path, quantization):
+    # Its import costs a job 4.5 s of CPU, and PEFT imports it to make any LoRA layer where it is installed.
+    lora_adapter(tiny_model_dir, tmp_path / "adapter", seed=0)
+    config = {"model": dataclasses.asdict(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu", quantization=quantization)),
+              "generation": dataclasses.asdict(GenerationConfig(max_new_tokens=4, per_prompt=2)), "adapter_path": str(tmp_path / "adapter")}
+    prompts = pa.Table.from_pylist([{"prompt_id": "p1", "messages": json.dumps(DPO_PROMPTS[0])}])
+    write_job(tmp_path / "job", "generate", config, {"prompts": prompts})
+    probe = "import sys; from pathlib import Path; from train.worker import run; print(run(Path(sys.argv[1])), sys.modules.get('bitsandbytes') is not None)"
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "job")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.stdout.split()[-2:] == ["0", str(quantization != "none")], done.stderr[-2000:]
+    assert len(read_parquet(tmp_path / "job" / "completions.parquet")) == 2
