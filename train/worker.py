@@ -438,11 +438,6 @@ def peak_memory() -> dict[str, float]:
 def run(job_dir: Path) -> int:
     """Run the job in `job_dir` in this process; the worker's exit code (1 for a ModelError, said in one line)."""
     job = read_job(job_dir)
-    if job["config"]["model"].get("quantization", "none") == "none":
-        # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
-        # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A module
-        # set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves it alone.
-        sys.modules.setdefault("bitsandbytes", None)
     events = Events(job_dir, enabled=distributed.is_main())
     try:
         result = RUNNERS[job["kind"]](job_dir, job["config"], events)
@@ -465,6 +460,12 @@ def main(argv: list[str]) -> None:
     if owner := os.environ.get(OWNER_PID_ENV):
         exit_with_owner(int(owner))
     os.nice(NICENESS)
+    if read_job(Path(argv[1]))["config"]["model"]["quantization"] == "none":
+        # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
+        # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A module
+        # set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves it alone.
+        # Only in a worker process of its own: where jobs run in their caller's process (the tests), a later one may quantise.
+        sys.modules.setdefault("bitsandbytes", None)
     try:
         code = run(Path(argv[1]))
     finally:

@@ -307,7 +307,9 @@ def test_only_a_job_on_a_quantised_base_imports_bitsandbytes(tiny_model_dir, tmp
               "generation": dataclasses.asdict(GenerationConfig(max_new_tokens=4, per_prompt=2)), "adapter_path": str(tmp_path / "adapter")}
     prompts = pa.Table.from_pylist([{"prompt_id": "p1", "messages": json.dumps(DPO_PROMPTS[0])}])
     write_job(tmp_path / "job", "generate", config, {"prompts": prompts})
-    probe = "import sys; from pathlib import Path; from train.worker import run; print(run(Path(sys.argv[1])), sys.modules.get('bitsandbytes') is not None)"
+    # The worker process as `python -m train.worker JOB_DIR`, saying at its exit whether bitsandbytes was imported.
+    probe = ("import atexit, runpy, sys; atexit.register(lambda: print(sys.modules.get('bitsandbytes') is not None)); "
+             "sys.argv = ['train.worker', sys.argv[1]]; runpy.run_module('train.worker', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "job")], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert done.stdout.split()[-2:] == ["0", str(quantization != "none")], done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.split()[-1:] == [str(quantization != "none")], done.stderr[-2000:]
     assert len(read_parquet(tmp_path / "job" / "completions.parquet")) == 2
