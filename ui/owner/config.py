@@ -178,8 +178,9 @@ class RoundConfig:
         metadata={"help": "Policies a round trains from its start, each with its own seed. With [round] register = "
                           "'average' each by the optimiser the round runs, and the round registers their average; "
                           "otherwise the first by it and the others by DPO, the cheapest, and the predictor rates "
-                          "each and picks one. 2: each costs a round its optimiser's time again, and three rounds of "
-                          "96 votes with their evaluations took 36 and 39 minutes on a 2-core CPU, DPO every round (scripts/BENCHMARKS.md)."},
+                          "each and picks one. 2: each costs a round its optimiser's time again: on a 2-core CPU, three rounds of 96 "
+                          "votes with their evaluations took 63 minutes, DPO's two candidates 7 to 8 minutes of each round's 20 to 22 "
+                          "(scripts/BENCHMARKS.md)."},
     )
     predictor_prompts: int = field(
         default=32,
