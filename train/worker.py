@@ -460,13 +460,14 @@ def main(argv: list[str]) -> None:
     if owner := os.environ.get(OWNER_PID_ENV):
         exit_with_owner(int(owner))
     os.nice(NICENESS)
-    if read_job(Path(argv[1]))["config"]["model"]["quantization"] == "none":
-        # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
-        # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A module
-        # set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves it alone.
-        # Only in a worker process of its own: where jobs run in their caller's process (the tests), a later one may quantise.
-        sys.modules.setdefault("bitsandbytes", None)
     try:
+        if read_job(Path(argv[1]))["config"]["model"]["quantization"] == "none":
+            # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
+            # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A
+            # module set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves
+            # it alone. Only in a worker process of its own: where jobs run in their caller's process (the tests), a
+            # later job may quantise.
+            sys.modules.setdefault("bitsandbytes", None)
         code = run(Path(argv[1]))
     finally:
         distributed.close()
