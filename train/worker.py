@@ -435,9 +435,10 @@ def peak_memory() -> dict[str, float]:
     return peak
 
 
-def run(job_dir: Path) -> int:
-    """Run the job in `job_dir` in this process; the worker's exit code (1 for a ModelError, said in one line)."""
-    job = read_job(job_dir)
+def run(job_dir: Path, job: dict[str, Any] | None = None) -> int:
+    """Run the job in `job_dir` (its job.json read already as `job`, where given) in this process; the worker's exit
+    code (1 for a ModelError, said in one line)."""
+    job = job or read_job(job_dir)
     events = Events(job_dir, enabled=distributed.is_main())
     try:
         result = RUNNERS[job["kind"]](job_dir, job["config"], events)
@@ -461,14 +462,15 @@ def main(argv: list[str]) -> None:
         exit_with_owner(int(owner))
     os.nice(NICENESS)
     try:
-        if read_job(Path(argv[1]))["config"]["model"]["quantization"] == "none":
+        job = read_job(Path(argv[1]))  # once: it hashes every input file
+        if job["config"]["model"]["quantization"] == "none":
             # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
             # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A
             # module set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves
             # it alone. Only in a worker process of its own: where jobs run in their caller's process (the tests), a
             # later job may quantise.
             sys.modules.setdefault("bitsandbytes", None)
-        code = run(Path(argv[1]))
+        code = run(Path(argv[1]), job)
     finally:
         distributed.close()
     sys.exit(code)
