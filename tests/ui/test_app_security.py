@@ -7,10 +7,10 @@ import urllib.request
 from contextlib import closing
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client
 
 PASSWORD = "password-123"
 OPERATOR_CALLS = {
@@ -60,7 +60,7 @@ def test_an_annotator_calling_operator_endpoints_is_refused_and_changes_nothing(
     before = database_contents(project)
     server = RunningServer(project)
     try:
-        annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        annotator = app_client(server.url, "ann", PASSWORD)
         for endpoint, args in OPERATOR_CALLS.items():
             # A file argument is uploaded first, and the upload is refused already (test_only_operators_may_upload).
             refusal = UPLOAD_REFUSED if endpoint == "/import_prompts" else "Only operators may do this"
@@ -74,7 +74,7 @@ def test_an_annotator_calling_operator_endpoints_is_refused_and_changes_nothing(
 def test_the_same_endpoints_work_for_an_operator(project):
     server = RunningServer(project)
     try:
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         states, _, agreement, _, gold, judges = operator.predict(api_name="/operator_data")
         assert {row[0]: row[1] for row in states["data"]}["waiting"] == 6
         assert "0 pairs with two or more votes" in agreement and judges.startswith("No AI judge")
@@ -109,9 +109,9 @@ def test_without_signing_in_nothing_answers_and_wrong_passwords_fail(project):
             ))
         assert refused.value.code == 401
         with pytest.raises(Exception):
-            Client(server.url, auth=("ann", "not-the-password"), verbose=False)
+            app_client(server.url, "ann", "not-the-password")
         with pytest.raises(Exception):
-            Client(server.url, auth=("nobody", PASSWORD), verbose=False)
+            app_client(server.url, "nobody", PASSWORD)
     finally:
         server.stop()
 
@@ -119,7 +119,7 @@ def test_without_signing_in_nothing_answers_and_wrong_passwords_fail(project):
 def test_the_api_docs_list_no_endpoints(project):
     server = RunningServer(project)
     try:
-        client = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        client = app_client(server.url, "ann", PASSWORD)
         assert client.view_api(print_info=False, return_format="dict")["named_endpoints"] == {}
     finally:
         server.stop()

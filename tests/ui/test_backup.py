@@ -13,7 +13,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from gradio_client import Client
 
 from annotate.pairs import add_completions_with_pairs
 from annotate.queue import QueueConfig
@@ -23,7 +22,7 @@ from store.jobs import add_job
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from train.files import partial_writes
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings, tmpfs, toy_preferences, vote_every_pair
+from tests.conftest import RunningServer, add_pairs, add_users, app_client, run_tether, set_settings, tmpfs, toy_preferences, vote_every_pair
 
 PASSWORD = "password-123"
 
@@ -33,7 +32,7 @@ class Voter(threading.Thread):
 
     def __init__(self, url: str, name: str):
         super().__init__(daemon=True)
-        self.client = Client(url, auth=(name, PASSWORD), verbose=False, httpx_kwargs={"timeout": 60})
+        self.client = app_client(url, name, PASSWORD, httpx_kwargs={"timeout": 60})
         self.acknowledged: list[tuple[float, str]] = []
         self.stop = threading.Event()
         self.error: Exception | None = None

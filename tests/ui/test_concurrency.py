@@ -6,11 +6,10 @@ from contextlib import closing
 from datetime import datetime, timedelta
 
 import pytest
-from gradio_client import Client
 
 from annotate.queue import Action, LiveQueue, QueueConfig
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether
+from tests.conftest import RunningServer, add_pairs, add_users, app_client, run_tether
 
 ANNOTATORS = 16
 VOTES_EACH = 25
@@ -31,7 +30,7 @@ class Annotator(threading.Thread):
         try:
             # Sixteen scrypt sign-ins at once (128 MiB, about 0.55 s each) take seconds on 2 cores:
             # more than httpx's default 5 s timeout.
-            client = Client(self.url, auth=(self.name, PASSWORD), verbose=False, httpx_kwargs={"timeout": 60})
+            client = app_client(self.url, self.name, PASSWORD, httpx_kwargs={"timeout": 60})
             self.start_together.wait(timeout=120)  # a sign-in that failed breaks the barrier for all, at once
             token = client.predict(api_name="/next_pair")[0]
             while token and len(self.acknowledged) < self.votes:

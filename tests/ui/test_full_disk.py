@@ -11,10 +11,9 @@ import sys
 from contextlib import closing
 
 import pytest
-from gradio_client import Client
 
 from store import open_database
-from tests.conftest import REPO, RunningServer, add_pairs, add_users, fill, tmpfs
+from tests.conftest import REPO, RunningServer, add_pairs, add_users, app_client, fill, tmpfs
 from ui.owner.project import init_project
 
 PASSWORD = "password-123"
@@ -35,7 +34,7 @@ def test_a_vote_on_a_full_disk_is_refused_and_not_counted_and_voting_resumes_whe
     add_users(project, {"ann": "annotator"}, PASSWORD)
     server = RunningServer(project, log_dir=tmp_path)  # the log on another disk, as a service manager keeps it
     try:
-        annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        annotator = app_client(server.url, "ann", PASSWORD)
         first = annotator.predict(api_name="/next_pair")[0]
         second = annotator.predict(first, None, "", api_name="/vote_left")[0]
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from annotate.queue import Action
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, wait_for
+from tests.conftest import RunningServer, add_pairs, add_users, app_client, wait_for
 from ui.owner.project import load_project
 from ui.owner.server import Server
 
@@ -157,7 +157,7 @@ def test_a_decompression_bomb_is_refused_in_bounded_memory_while_votes_go_on(tin
 
     voter = threading.Thread(target=keep_voting, args=(signed_in(server.url, "bob"),))
     try:
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         voter.start()
         wait_for(lambda: len(votes) >= 3, seconds=30)
         before = peak_memory(server.process.pid)

@@ -13,7 +13,7 @@ import pytest
 from gradio_client import Client
 
 from store import open_database
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, set_settings, wait_for, worker_pids
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client, run_tether, set_settings, wait_for, worker_pids
 from train.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
 from train.worker import NICENESS
 from ui.owner.jobs import WORKER_ENV, job_dir, run_job, submit_generation
@@ -52,8 +52,8 @@ def test_killing_the_worker_fails_the_job_with_its_log_while_annotators_carry_on
     before = completions(slow_project)
     server = RunningServer(slow_project)
     try:
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
-        annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
+        annotator = app_client(server.url, "ann", PASSWORD)
         assert operator.predict(28, 4, api_name="/generate").startswith("Queued job 1")
         # Progress moves while the worker runs, and the annotator keeps voting meanwhile.
         first = wait_for(lambda: (row := job_row(operator, 1))[2] == "running" and percent(row[3]) > 0 and row[3])
@@ -82,7 +82,7 @@ def test_an_operator_cancels_a_running_job_and_its_worker_stops(slow_project):
     before = completions(slow_project)
     server = RunningServer(slow_project)
     try:
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         operator.predict(28, 4, api_name="/generate")
         operator.predict(28, 4, api_name="/generate")  # queued behind the first: one job at a time
         wait_for(lambda: job_row(operator, 1)[2] == "running")
@@ -100,7 +100,7 @@ def test_an_operator_cancels_a_running_job_and_its_worker_stops(slow_project):
 def test_a_worker_runs_in_its_own_session_and_dies_with_a_server_killed_by_kill_9(slow_project):
     server = RunningServer(slow_project)
     try:
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         operator.predict(28, 4, api_name="/generate")
         wait_for(lambda: percent(job_row(operator, 1)[3]) > 0)  # the worker is at work
         [pid] = worker_pids(slow_project, 1)

@@ -17,7 +17,7 @@ from store.policies import add_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, run_tether, set_settings, short_training, vote_every_pair
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, app_client, run_tether, set_settings, short_training, vote_every_pair
 from ui.web.loop import CURVES
 from ui.owner.rounds import round_history, round_warnings
 
@@ -37,7 +37,7 @@ def loop_app(project: Path, ppo_steps: int = 1, reward_epochs: int = 1) -> Itera
     add_users(project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
     server = RunningServer(project)
     try:
-        yield Client(server.url, auth=("olga", PASSWORD), verbose=False), Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        yield app_client(server.url, "olga", PASSWORD), app_client(server.url, "ann", PASSWORD)
     finally:
         server.stop()
 
@@ -230,10 +230,10 @@ def test_an_operator_rolls_back_in_the_app_and_an_annotator_cannot(tiny_project)
     add_users(tiny_project, {"ann": "annotator", "olga": "operator"}, PASSWORD)
     server = RunningServer(tiny_project)
     try:
-        annotator = Client(server.url, auth=("ann", PASSWORD), verbose=False)
+        annotator = app_client(server.url, "ann", PASSWORD)
         with pytest.raises(Exception, match="Only operators may do this"):
             annotator.predict(0, api_name="/rollback")
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         assert operator.predict(0, api_name="/rollback") == "Rolled back: policy v2 is a copy of v0, and the next round starts from it."
         with pytest.raises(Exception, match="v2 is already the newest policy"):
             operator.predict(2, api_name="/rollback")

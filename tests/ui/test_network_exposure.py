@@ -8,10 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_client import Client
 
 from store import open_database
-from tests.conftest import RunningServer, add_pairs, add_users, run_tether, set_settings
+from tests.conftest import RunningServer, add_pairs, add_users, app_client, run_tether, set_settings
 from ui.owner.config import ConfigError, ServerConfig, TetherConfig, load_config, write_config
 from ui.owner.control import from_this_machine
 
@@ -156,7 +155,7 @@ def test_the_server_writes_files_for_its_owner_alone_and_gradios_under_the_proje
         olga = signed_in(server.url, "olga")
         uploaded = olga.post("gradio_api/upload", files={"files": PROMPTS})
         assert Path(uploaded.json()[0]).is_relative_to(project / "gradio-files")
-        operator = Client(server.url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(server.url, "olga", PASSWORD)
         operator.predict("jsonl", False, 0, api_name="/export")  # Gradio copies the file into its folder to serve it
         assert operator.predict(2, 2, api_name="/generate").startswith("Queued job 1")
         deadline = time.monotonic() + 120

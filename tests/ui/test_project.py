@@ -3,12 +3,11 @@ import subprocess
 import sys
 
 import pytest
-from gradio_client import Client
 
 from train.config import GenerationConfig, Hardware
 from ui.owner.config import ConfigError, TetherConfig, load_config, write_config
 from ui.owner.project import ProjectError, init_project, load_project
-from tests.conftest import RunningServer, add_users, free_port, run_tether, set_settings
+from tests.conftest import RunningServer, add_users, app_client, free_port, run_tether, set_settings
 
 
 def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
@@ -156,7 +155,7 @@ def test_saving_the_schedule_changes_its_one_line_and_refuses_a_file_edited_sinc
     add_users(tiny_project, {"olga": "operator"})
     server = RunningServer(tiny_project)
     try:
-        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
+        operator = app_client(server.url, "olga", "password-123")
         before = config.read_text().splitlines()
         assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
         after = config.read_text().splitlines()

@@ -23,7 +23,7 @@ from train.snapshot import PreferenceRow, read_preferences
 from ui.owner.jobs import is_held_back, steers, submit_generation
 from ui.owner.project import load_project
 
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
 
 @contextmanager
@@ -36,7 +36,7 @@ def training_app(project: Path, tmp_path: Path, prompts: int, **reward_settings)
     add_users(project, {"ann": "annotator", "olga": "operator"}, "password-123")
     server = RunningServer(project)
     try:
-        yield Client(server.url, auth=("olga", "password-123"), verbose=False), Client(server.url, auth=("ann", "password-123"), verbose=False)
+        yield app_client(server.url, "olga", "password-123"), app_client(server.url, "ann", "password-123")
     finally:
         server.stop()
 

@@ -9,9 +9,8 @@ from typing import Iterator
 
 import httpx
 import pytest
-from gradio_client import Client
 
-from tests.conftest import add_pairs, add_users, free_port, set_settings
+from tests.conftest import add_pairs, add_users, app_client, free_port, set_settings
 from ui.web.app import Server, launch
 from ui.owner.project import load_project
 
@@ -55,7 +54,7 @@ def test_an_upload_over_the_configured_size_is_refused(project, tmp_path):
 def test_export_files_are_removed_after_the_configured_time_and_when_the_server_stops(project):
     set_settings(project, "server", export_seconds=1)
     with serving(project) as (server, url):
-        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(url, "olga", PASSWORD)
         first = Path(operator.predict("jsonl", False, 0, api_name="/export"))
         assert first.read_text().count("\n") == 0  # no votes yet: an empty, but real, file downloaded
         folders = list(server.exports.iterdir())
@@ -70,7 +69,7 @@ def test_export_files_are_removed_after_the_configured_time_and_when_the_server_
 
 def test_an_unexpected_error_shows_an_id_and_the_log_has_its_details(project, capfd):
     with serving(project) as (server, url):
-        annotator = Client(url, auth=("ann", PASSWORD), verbose=False)
+        annotator = app_client(url, "ann", PASSWORD)
         with server.lock:
             server.con.close()  # from now on every database call fails inside DuckDB
         message = annotator.predict(api_name="/next_pair")[5]  # the annotate tab's refusals are in its message line
@@ -82,12 +81,12 @@ def test_an_unexpected_error_shows_an_id_and_the_log_has_its_details(project, ca
 
 def test_a_call_refused_by_gradios_own_input_checks_is_one_line_in_the_log_not_a_traceback(project, capfd):
     with serving(project) as (server, url):
-        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(url, "olga", PASSWORD)
         with pytest.raises(Exception, match="Refused: this call's input is not what it takes"):
             operator.predict("xml\nrefused forged: a line of the attacker's", False, 0, api_name="/export")  # not a format
         with pytest.raises(Exception, match="Refused"):
             operator.predict([1, 2], api_name="/set_schedule")  # a list where a number is due
-        annotator = Client(url, auth=("ann", PASSWORD), verbose=False)
+        annotator = app_client(url, "ann", PASSWORD)
         annotator.predict("not a token of ann's", None, "", api_name="/vote_left")  # refused by the queue
     log = capfd.readouterr().err
     assert "Traceback" not in log, log
@@ -116,7 +115,7 @@ def test_a_body_with_nan_and_an_upload_part_with_no_file_name_are_refused_not_a_
 def test_a_number_field_that_sent_no_whole_number_is_refused_in_words_not_an_error_id(project, capfd):
     """Found by scripts/fuzz.py: a list or None where a version or a job's number was due failed in Tether's own code."""
     with serving(project) as (_, url):
-        operator = Client(url, auth=("olga", PASSWORD), verbose=False)
+        operator = app_client(url, "olga", PASSWORD)
         for args, api_name, message in [(([1], "dpo"), "/start_round", "Choose the round's reward model from the list."),
                                         ((None,), "/job_log", "Give a job's number from the table."),
                                         ((None,), "/cancel_job", "Give a job's number from the table."),

@@ -10,7 +10,7 @@ import pytest
 from store import open_database
 from store.db import utcnow
 from store.users import account_events, add_user, get_user
-from tests.conftest import RunningServer, run_tether, set_settings
+from tests.conftest import RunningServer, app_client, run_tether, set_settings
 from ui.owner.auth import SignInGuard, SignInLimits, hash_password, is_outdated, verify_password
 
 
@@ -180,12 +180,10 @@ def test_the_control_route_wants_the_servers_token(tiny_project):
 
 
 def test_an_operator_manages_accounts_in_the_app_and_cannot_disable_themself(tiny_project):
-    from gradio_client import Client
-
     run_tether("users", "add", "olga", "--role", "operator", "--project", str(tiny_project), input="password-123\n", check=True)
     server = RunningServer(tiny_project)
     try:
-        operator = Client(server.url, auth=("olga", "password-123"), verbose=False)
+        operator = app_client(server.url, "olga", "password-123")
         message, password_box, users, log = operator.predict("dave", "annotator", "dave's password", api_name="/add_account")
         assert message == "Added annotator dave." and password_box == ""
         assert users["data"] == [["dave", "annotator", "active"], ["olga", "operator", "active"]]
