@@ -462,7 +462,8 @@ def main(argv: list[str]) -> None:
         exit_with_owner(int(owner))
     os.nice(NICENESS)
     try:
-        job = read_job(Path(argv[1]))  # once: it hashes every input file
+        job_dir = Path(argv[1])
+        job = read_job(job_dir)  # once: it hashes every input file
         if job["config"]["model"]["quantization"] == "none":
             # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
             # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A
@@ -470,7 +471,7 @@ def main(argv: list[str]) -> None:
             # it alone. Only in a worker process of its own: where jobs run in their caller's process (the tests), a
             # later job may quantise.
             sys.modules.setdefault("bitsandbytes", None)
-        code = run(Path(argv[1]), job)
+        code = run(job_dir, job)
     finally:
         distributed.close()
     sys.exit(code)
