@@ -59,7 +59,7 @@ from train.config import PPOConfig
 from train.errors import ModelError
 from train.files import built_beside
 from train.features import FeatureSpec, pool
-from train.generate import end_of_turn_ids, lora_folded, selective_log_softmax
+from train.generate import end_of_turn_ids, lora_folded, sampling, selective_log_softmax
 from train.hardware import uses_bf16
 from train.models import checkpoint_in_eval_mode, prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
@@ -208,7 +208,7 @@ def sampling_settings(config: PPOConfig, tokenizer, eos_ids: set[int]) -> dict[s
 
     top_k=0 and top_p=1, so the sample comes from exactly the distribution the loss scores.
     """
-    return {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0,
+    return {**sampling(config.temperature, top_p=1.0, top_k=0),
             "max_new_tokens": config.max_new_tokens, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": sorted(eos_ids)}
 
 

@@ -356,10 +356,14 @@ def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is
     eos = end_of_turn_ids(wrapped.peft_model, tokenizer)
     query_ids, query_mask, *_ = sample(wrapped, tokenizer, PPO_PROMPTS * 4, config, eos)
     torch.manual_seed(3)
-    out = wrapped.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **sampling_settings(config, tokenizer, eos),
-                                      output_scores=True, return_dict_in_generate=True)
-    response = out.sequences[:, query_ids.shape[1]:]  # (B, R)
-    sampled = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, response[..., None])[..., 0]  # what generate sampled from
+    settings = sampling_settings(config, tokenizer, eos)
+    sampler, = settings["logits_processor"]
+    distributions = []  # what the sampler drew each token from, after whatever generate() did to the logits first
+    draw_from = sampler.distribution
+    sampler.distribution = lambda scores: distributions.append(draw_from(scores)) or distributions[-1]
+    response = wrapped.peft_model.generate(input_ids=query_ids, attention_mask=query_mask, **settings)[:, query_ids.shape[1]:]  # (B, R)
+    assert all(ids is None for _, ids in distributions)  # the whole vocabulary, no top-k or top-p
+    sampled = torch.stack([probs for probs, _ in distributions], dim=1).log().gather(-1, response[..., None])[..., 0]
     is_eos = torch.isin(response, torch.tensor(sorted(eos)))
     mask = (torch.cumsum(is_eos.long(), 1) - is_eos.long()) == 0  # through the first EOS
     scored = response_logprobs(wrapped, query_ids, query_mask, response.masked_fill(~mask, tokenizer.pad_token_id), mask.long(), config.temperature)
