@@ -14,7 +14,9 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
             batch_size=16+epochs=3, ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
-alone, and says so. The replay stops at the first round that was not DPO.
+alone, and says so. The replay stops at the first round that was not DPO. With --union each arm
+trains once instead, from v0 on every replayed round's pairs together (a pair once), with the first
+round's settings: what a loop that retrained from the starting model on all its votes would serve.
 
     python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
 """
@@ -75,22 +77,29 @@ def _value(text: str):
         return text  # a word, such as label_smoothing=auto
 
 
-def replay_round(project, job_id: int, changes: dict, previous: Path | None, out_dir: Path) -> dict:
-    """Train one arm's next adapter on the job's frozen pairs from `previous`; the job's settings but what the arm changes."""
+def replay_round(project, job_ids: list[int], changes: dict, previous: Path | None, out_dir: Path) -> dict:
+    """Train one arm's next adapter from `previous` on the jobs' frozen pairs, each pair once; the first job's settings
+    but what the arm changes."""
     from train.config import ModelConfig
     from train.dpo import train_dpo
     from train.models import load_model
     from train.snapshot import read_preferences
 
-    folder = job_dir(project, job_id)
-    config = read_job(folder)["config"]
+    folders = [job_dir(project, job_id) for job_id in job_ids]
+    configs = [read_job(folder)["config"] for folder in folders]
+    config = configs[0]
     settings = config["dpo"] | changes
-    rows = read_preferences(input_path(folder, "preferences"))
+    rows, seen = [], set()
+    for folder in folders:
+        for row in read_preferences(input_path(folder, "preferences")):
+            if row.pair_id not in seen:
+                seen.add(row.pair_id)
+                rows.append(row)
     model, tokenizer = load_model(ModelConfig(**config["model"]))
     started = time.monotonic()
     result = train_dpo(model, tokenizer, rows, DPOConfig(**settings), out_dir, previous, on_cpu=True)
     return {"pairs": result["pairs"], "label_smoothing": result["label_smoothing"], "seconds": time.monotonic() - started,
-            "ranked_left_out": config.get("reward_version") is not None}
+            "ranked_left_out": any(c.get("reward_version") is not None for c in configs)}
 
 
 def main() -> None:
@@ -100,6 +109,7 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=Path, required=True, help="the JSONL prompt file simulate judged the rounds on")
     parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or [dpo] settings as NAME=VALUE+... (default job,plain)")
     parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
+    parser.add_argument("--union", action="store_true", help="train each arm once, from v0 on the replayed rounds' pairs together")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
     args = parser.parse_args()
@@ -115,15 +125,17 @@ def main() -> None:
     print(f"replaying {len(rounds)} DPO rounds of {args.project}; {len(prompts)} evaluation prompts, {per_prompt} answers each",
           flush=True)
     baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, per_prompt, args.seed)
+    # Each step of the replay: its name in the table and the DPO jobs whose pairs it trains on.
+    steps = [(f"1-{len(rounds)}", [job for _, job in rounds])] if args.union else [(str(n), [job]) for n, (_, job) in enumerate(rounds, start=1)]
     table = []
     for arm, changes in arms.items():
         previous = None
-        for number, (round_id, job_id) in enumerate(rounds, start=1):
+        for number, job_ids in steps:
             out_dir = args.workdir / f"{arm}-round-{number}"
-            trained = replay_round(project, job_id, changes, previous, out_dir)
+            trained = replay_round(project, job_ids, changes, previous, out_dir)
             answers, kl = sample_answers(project, out_dir, prompts, per_prompt, args.seed)
             verdict = judge_against(judge, prompts, [a.text for a in answers], [a.text for a in baseline])
-            row = {"arm": arm, "round": number, "job": job_id, **trained, "win_rate": verdict.win_rate, "low": verdict.low,
+            row = {"arm": arm, "round": number, "jobs": job_ids, **trained, "win_rate": verdict.win_rate, "low": verdict.low,
                    "high": verdict.high, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers)}
             print(json.dumps(row), flush=True)
             table.append(row)

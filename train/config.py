@@ -477,7 +477,7 @@ class GRPOConfig:
         metadata={"help": "Longest response sampled, in tokens. Unset, it is [generation] max_new_tokens, the length of "
                           "the completions annotators compare."},
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0); later rounds keep their adapter's."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0, or with [dpo] refit every DPO round); later rounds keep their adapter's."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of a new policy adapter."})
     uncertainty_penalty: float = field(
         default=1.0,
@@ -556,13 +556,23 @@ class DPOConfig:
     )
     votes: str = field(
         default="new",
-        metadata={"help": "Which votes a round trains on: 'new' (every vote the adapter it continues has not trained on, "
+        metadata={"help": "Which votes a round trains on without [dpo] refit: 'new' (every vote the adapter it continues has not trained on, "
                           "whichever policy's answers it was cast on: each vote is learnt once, and a round costs about its "
                           "new votes however many came before), 'latest' (only pairs with a completion of the policy the "
                           "round starts from: on-policy, as iterative DPO trains; on a length-neutral judge at 96 votes a "
                           "round it left 54, 37 and 20 pairs of the votes to three rounds, as the queue served pairs of "
                           "older versions too, scripts/BENCHMARKS.md) or 'all' (every round's, again each round). Imported "
                           "preferences count as votes on no policy ([reward_model] include_imported)."},
+    )
+    refit: bool = field(
+        default=True,
+        metadata={"help": "Each round's DPO trains a new adapter from v0 on every vote so far (true), instead of continuing "
+                          "the round's start on the votes it has not learnt (false, [dpo] votes). A version is then a fit "
+                          "to all the votes, not to the order they came in: a round whose few votes pulled the wrong way is "
+                          "not where the next one starts. Replayed on two loops of 96 votes a round at 70% agreement, one "
+                          "DPO from v0 on their three rounds' pairs beat the loops' third versions by 5.6 and 7.7 points "
+                          "(scripts/BENCHMARKS.md). A round costs DPO on every pair so far, and fresh answers ranked by a "
+                          "reward model ([dpo] pairs) are still the start's."},
     )
     label_smoothing: float | str = field(
         default="auto",

@@ -230,16 +230,17 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
 
 def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """DPO from the frozen policy on the frozen preferences and, given a reward model, on pairs it ranks
-    among the policy's answers to the frozen prompts; write policy/."""
+    """DPO from the frozen policy (from v0 with [dpo] refit) on the frozen preferences and, given a reward model, on
+    pairs it ranks among the policy's answers to the frozen prompts; write policy/."""
     from train.dpo import train_dpo
     from train.hardware import device
     from train.models import load_model
 
-    dpo = DPOConfig(**config["dpo"])
+    dpo = DPOConfig(**{"refit": False} | config["dpo"])  # a job written before refit continued its start
     human = read_preferences(input_path(job_dir, "preferences"))
     base = ModelConfig(**config["model"])
-    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    # A refit trains a new adapter from v0; the ranked pairs are still the start's answers, as the round serves it.
+    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] and not dpo.refit else None
     ranked = _ranked_pairs(job_dir, config, dpo, base, events) if config.get("reward_adapter_path") else []
     model, tokenizer = load_model(base)
     events.emit("started", pairs=len(human) + len(ranked), pairs_human=len(human), pairs_reward_model=len(ranked))

@@ -445,8 +445,9 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     on pairs a reward model (the newest by default) ranks, or on both, as `pairs` ([dpo] pairs by default) says; with
     'both', the ranked pairs join only once the reward model `steers`.
 
-    Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo]
-    votes = "new" it takes the votes the policy's adapter has not trained on (the DPO jobs behind it), with
+    Like PPO it leaves out the prompts that rounds hold back for comparing policies; with [dpo] refit (the default) it
+    trains a new adapter from v0 on every vote, where there is one the policy's adapter has not trained on. Without it,
+    with [dpo] votes = "new" it takes the votes the policy's adapter has not trained on (the DPO jobs behind it), with
     "latest" only those on pairs with a completion of that policy and imported ones ([reward_model]
     include_imported), and with "all" every vote, again each round. Each
     row carries the probability that its label is right, from which the worker sets [dpo] label_smoothing = "auto"
@@ -466,14 +467,12 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     if dpo.pairs != "reward_model":
         flip = (read or run)(project_flip_rate).low if reward.flip_rate == "auto" else reward.flip_rate
         learnt = set() if dpo.votes == "all" else _learnt_pair_ids(project, run, policy.version)
-        rows = [
-            r for r in (read or run)(preference_rows, reward.include_imported, False, reward.ai_votes, "pairs", flip)
-            if r.prompt_id not in held_back and (
-                dpo.votes == "all"
-                or r.pair_id not in learnt and (dpo.votes == "new" or r.chosen_policy is None  # imported: on no policy
-                                                or policy.version in (r.chosen_policy, r.rejected_policy))
-            )
-        ]
+        votes = [r for r in (read or run)(preference_rows, reward.include_imported, False, reward.ai_votes, "pairs", flip)
+                 if r.prompt_id not in held_back]
+        rows = [r for r in votes if dpo.votes == "all" or r.pair_id not in learnt and (
+            dpo.votes == "new" or r.chosen_policy is None or policy.version in (r.chosen_policy, r.rejected_policy))]  # None: imported
+        if dpo.refit and rows:  # something new to learn: a new adapter from v0 learns it with every vote before it
+            rows = votes
     reward_model = None if dpo.pairs == "human" else run(get_reward_model, reward_version)
     if dpo.pairs == "both" and not steers(reward_model, reward):
         reward_model = None  # the votes alone, until the reward model has shown it predicts new ones
