@@ -239,6 +239,47 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
     assert {r["pair_id"] for r in read_parquet(restored.root / "jobs" / str(job.id) / "inputs" / "preferences.parquet")} == voted
 
 
+def test_a_refit_round_trains_a_new_adapter_from_v0_on_every_vote_so_far(tiny_project, tiny_model_dir, tmp_path):
+    """[dpo] refit (the default): the second round's DPO learns the first round's votes with its own, from v0, not from
+    v1's adapter; and it trains only where there is a vote its start has not learnt."""
+    from contextlib import closing
+
+    from store import open_database
+    from tests.conftest import held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair, vote_on_demo_pairs
+    from train.jobdir import read_job
+    from train.snapshot import read_preferences
+
+    set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
+    vote_on_demo_pairs(tiny_project)
+    assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
+    again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
+    assert again.returncode == 1 and "no resolved votes that policy v1 has not trained on" in again.stderr
+    run_tether("generate", "--project", str(tiny_project), check=True)  # v1's pairs
+    vote_every_pair(tiny_project)
+    assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
+
+    held_back = held_back_ids(tiny_project)
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        first, second = (job for (job,) in con.execute("SELECT id FROM jobs WHERE kind = 'dpo' ORDER BY id").fetchall())
+        voted = {pair for pair, prompt in con.execute(
+            "SELECT DISTINCT p.id, p.prompt_id FROM comparisons c JOIN pairs p ON p.id = c.pair_id").fetchall() if prompt not in held_back}
+        adapter = con.execute("SELECT adapter_path FROM policies WHERE version = 2").fetchone()[0]
+    first_pairs = {r["pair_id"] for r in read_parquet(tiny_project / "jobs" / str(first) / "inputs" / "preferences.parquet")}
+    folder = tiny_project / "jobs" / str(second)
+    rows = read_preferences(folder / "inputs" / "preferences.parquet")
+    assert first_pairs < {r.pair_id for r in rows} == voted
+    assert {r.chosen_policy for r in rows} == {0, 1}
+    config = read_job(folder)["config"]
+    assert config["policy_version"] == 1 and config["dpo"]["refit"] is True
+
+    # What the round registered is DPO from v0 on those rows with the job's settings: v1's adapter had no part in it.
+    model, tokenizer = tiny(tiny_model_dir)
+    train_dpo(model, tokenizer, rows, DPOConfig(**config["dpo"]), tmp_path / "from-v0", None, on_cpu=True)
+    registered = load_file(tiny_project / adapter / "adapter_model.safetensors")
+    from_v0 = load_file(tmp_path / "from-v0" / "adapter_model.safetensors")
+    assert registered.keys() == from_v0.keys() and all(torch.equal(registered[k], from_v0[k]) for k in registered)
+
+
 def test_the_reward_model_ranks_fresh_answers_best_against_worst_where_its_heads_are_confident():
     prompts = PROMPTS[:3]
     answers = [[("fine", True), ("great", True), ("bad", False)], [("a", True), ("b", True)], [("same", True), ("same", True)]]
