@@ -103,3 +103,13 @@ def average_adapters(folders: list[Path], out_dir: Path) -> None:
         built.mkdir()
         shutil.copy(folders[0] / "adapter_config.json", built / "adapter_config.json")
         save_file(averaged, str(built / "adapter_model.safetensors"))
+
+
+def scale_adapter(folder: Path, out_dir: Path, scale: float) -> None:
+    """The adapter in `folder` with its update from the base scaled by `scale` (each lora_B, so B·A scales), in out_dir:
+    the policy `scale` of the way from v0 to it along a straight line in weight space."""
+    weights = {k: v * scale if "lora_B" in k else v for k, v in load_file(str(folder / "adapter_model.safetensors")).items()}
+    with built_beside(out_dir) as built:
+        built.mkdir()
+        shutil.copy(folder / "adapter_config.json", built / "adapter_config.json")
+        save_file(weights, str(built / "adapter_model.safetensors"))

@@ -16,7 +16,10 @@ record):
 4. interval: the win rate's `confidence` interval by a bootstrap that draws the prompts again, then
    each prompt's answers of both policies, and one head: so that neither a few prompts nor a reward
    model the votes leave unsure of passes for certainty;
-5. KL: each candidate's KL to the starting model v0 on its own answers, for [round] kl_budget.
+5. KL: each candidate's KL to the starting model v0 on its own answers, for [round] kl_budget. A candidate past the
+   budget is pulled back along its step from v0 (its LoRA update scaled down, `scale`) to just inside it, and that
+   policy is sampled, measured and rated instead: what a round learnt is kept in part rather than thrown away, and
+   the budget still holds, measured on fresh answers after the cut.
 
 Not the conservative reward (the mean less the heads' spread) that PPO optimises: it marks down
 every answer the reward model is unsure of, and a candidate's answers are the more unusual the
@@ -44,6 +47,8 @@ class Prediction:
     mean_reward: float  # its answers' mean reward, the heads' mean
     prompts: int
     answers: int  # of the candidate, as many of the start's
+    scale: float = 1.0  # the share of its step from v0 kept: under 1 where the whole step went past [round] kl_budget
+    whole_kl: float | None = None  # where it was cut, the whole step's KL to v0
 
 
 def win_rate(candidate: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -73,13 +78,13 @@ def bootstrap_interval(candidate: torch.Tensor, start: torch.Tensor, confidence:
 
 
 def predict(candidate: torch.Tensor, start: torch.Tensor, answers: list[Generated], kl_to_v0: float, confidence: float, draws: int,
-            seed: int) -> Prediction:
+            seed: int, scale: float = 1.0, whole_kl: float | None = None) -> Prediction:
     """A candidate's Prediction from the (P, N, K) normalised head scores of its answers and the (P, M, K) of the start's,
-    grouped by prompt; `answers` are the candidate's."""
+    grouped by prompt; `answers` are the candidate's, at `scale` of its step from v0 (whose whole KL was whole_kl)."""
     low, high = bootstrap_interval(candidate, start, confidence, draws, torch.Generator().manual_seed(seed))
     by_head = win_rate(candidate.movedim(-1, 0), start.movedim(-1, 0))  # (K,)
     return Prediction(by_head.mean().item(), low, high, kl_to_v0, sum(a.finished for a in answers) / len(answers),
-                      candidate.mean().item(), candidate.shape[0], len(answers))
+                      candidate.mean().item(), candidate.shape[0], len(answers), scale, whole_kl)
 
 
 def choose(predictions: list[Prediction], kl_budget: float, register: str = "confident") -> tuple[int | None, list[str]]:
@@ -108,8 +113,12 @@ def choose(predictions: list[Prediction], kl_budget: float, register: str = "con
 
 
 def _over_budget(p: Prediction, kl_budget: float) -> str:
-    return f"over the KL budget: {p.kl_to_v0:.1f} nats from v0, [round] kl_budget {kl_budget:g}"
+    return f"over the KL budget: {p.kl_to_v0:.1f} nats from v0{_cut(p)}, [round] kl_budget {kl_budget:g}"
 
 
 def _figures(p: Prediction) -> str:
-    return f"{p.win_rate:.0%} [{p.low:.0%}, {p.high:.0%}] over the start"
+    return f"{p.win_rate:.0%} [{p.low:.0%}, {p.high:.0%}] over the start{_cut(p)}"
+
+
+def _cut(p: Prediction) -> str:
+    return "" if p.whole_kl is None else f", at {p.scale:.2f} of its step from v0 (the whole step: {p.whole_kl:.1f} nats)"

@@ -1,7 +1,7 @@
 import torch
 
 from tests.conftest import load_plain
-from train.adapters import average_adapters
+from train.adapters import average_adapters, scale_adapter
 
 
 def lora_adapter(model_dir, out_dir, seed: int, shared_down: dict | None = None) -> dict[str, torch.Tensor]:
@@ -58,3 +58,15 @@ def test_the_average_of_unlike_adapters_is_the_best_update_of_their_rank_to_thei
         assert torch.linalg.matrix_rank(update.double(), rtol=1e-6) == 4 < torch.linalg.matrix_rank(mean.double(), rtol=1e-6)
         # Eckart-Young: the best rank-4 approximation misses exactly the singular values past the 4th.
         torch.testing.assert_close(torch.linalg.norm((update - mean).double()), singular[4:].norm(), rtol=1e-4, atol=1e-7)
+
+
+def test_a_scaled_adapter_is_the_same_update_from_the_base_shortened(tiny_model_dir, tmp_path):
+    """What the predictor registers for a candidate past [round] kl_budget: its update, every module's, times the scale."""
+    whole = lora_adapter(tiny_model_dir, tmp_path / "whole", seed=0)
+    scale_adapter(tmp_path / "whole", tmp_path / "scaled", 0.3)
+
+    scaled = loaded_updates(tiny_model_dir, tmp_path / "scaled")
+    assert scaled.keys() == whole.keys() and len(whole) > 0
+    for name, update in scaled.items():
+        torch.testing.assert_close(update, 0.3 * whole[name], rtol=1e-5, atol=1e-7)
+        assert update.abs().max() > 0

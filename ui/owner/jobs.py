@@ -773,6 +773,7 @@ def submit_prediction(project: Project, run: Run, round_: Round, candidates: lis
         "start_adapter_path": str(project.root / start.adapter_path) if start.adapter_path else None,
         "candidates": [{"job": c.job, "adapter_path": str(job_dir(project, c.job) / "policy")} for c in candidates],
         "average": settings.register == "average" and len(candidates) > 1,
+        "kl_budget": settings.kl_budget,
         "confidence": settings.predictor_confidence,
         "draws": PREDICTOR_DRAWS,
         "seed": round_.id,
@@ -791,7 +792,7 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
     from train.predict import Prediction, choose
 
     settings = project.config.round
-    predictions = [Prediction(**{k: v for k, v in p.items() if k != "job"}) for p in result["predictions"]]
+    predictions = [Prediction(**{k: v for k, v in p.items() if k not in ("job", "adapter")}) for p in result["predictions"]]
     jobs = [job.id if p["job"] is None else p["job"] for p in result["predictions"]]  # None: the average, this job's
     averaged = result["average"] is not None
     register = "average" if averaged else "best" if settings.register == "average" else settings.register
@@ -817,12 +818,15 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
                                      if register == "confident" else
                                      f"nothing registered: over [round] kl_budget, so the round's votes carry over to the next")
         return
-    best = predictions[chosen]
+    best, scaled = predictions[chosen], result["predictions"][chosen].get("adapter")  # scaled: pulled back within the budget
     if averaged:
-        made_by, adapter, what = job, directory / result["average"], f"the average of its {candidates} candidates"
+        made_by, adapter, what = job, directory / (scaled or result["average"]), f"the average of its {candidates} candidates"
     else:
         made_by = get_job(con, jobs[chosen])
-        adapter, what = job_dir(project, made_by.id) / "policy", f"candidate {chosen + 1} of {candidates} (job {made_by.id})"
+        adapter = directory / scaled if scaled else job_dir(project, made_by.id) / "policy"
+        what = f"candidate {chosen + 1} of {candidates} (job {made_by.id})"
+    if scaled:
+        what += f" at {best.scale:.2f} of its step from v0, within [round] kl_budget"
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 
