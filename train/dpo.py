@@ -1,7 +1,8 @@
 """DPO on the policy's LoRA adapter with TRL's DPOTrainer: a round of iterative DPO.
 
-The policy continues from the adapter of the version the round starts from, or from a fresh
-adapter on v0 (its LoRA B is zero, so it starts equal to the base). The reference is the base
+The policy is a fresh adapter on v0 (its LoRA B is zero, so it starts equal to the base), trained on
+every vote so far ([dpo] refit), or continues from the adapter of the version the round starts
+from on the votes it has not learnt. The reference is the base
 with every adapter off: no second copy of the model is loaded, and every round is tethered to
 the starting model, as PPO's KL penalty is.
 

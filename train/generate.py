@@ -30,6 +30,7 @@ class Generated:
     text: str
     token_count: int  # generated tokens, the closing EOS included
     finished: bool  # ended with EOS rather than at max_new_tokens
+    tokens: tuple[int, ...] | None = None  # the tokens sampled, the closing EOS left out; None when read back from text
 
 
 def generate(
@@ -103,6 +104,7 @@ def _generate_batch(model, tokenizer, prompt_indices, input_ids, config, eos_ids
             text=tokenizer.decode(content, skip_special_tokens=True),
             token_count=len(content) + finished,
             finished=finished,
+            tokens=tuple(content),
         ))
     return results
 
@@ -232,14 +234,16 @@ def kl_to_base(model, tokenizer: PreTrainedTokenizerBase, prompts: list[Messages
 
     `model` is a PeftModel: its adapters off give the base. Every optimiser's policy is measured
     alike, on prompts none of them trained on, whatever KL its training reported. It is an
-    estimate: the answers are encoded again from their text, and sampled with top-p, so on few
-    answers, or on a model whose samples encode back to other tokens, it can come out below 0.
+    estimate, on few answers sampled with top-p, so it can come out below 0. It reads the tokens
+    the policy sampled: encoded again from their text, a tiny test model's answers became other
+    tokens every time, and their KL read -4.5 nats where the policy had moved.
     """
     end = tokenizer.eos_token_id
 
     def sequence(answer: Generated) -> tuple[list[int], int]:
         prompt = tokenizer.apply_chat_template(prompts[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        response = tokenizer(answer.text, add_special_tokens=False)["input_ids"] + [end] * answer.finished
+        sampled = list(answer.tokens) if answer.tokens is not None else tokenizer(answer.text, add_special_tokens=False)["input_ids"]
+        response = sampled + [end] * answer.finished
         return prompt + response, len(response)
 
     def log_ratios(batch: list[Generated]) -> list[float]:

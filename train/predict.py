@@ -121,4 +121,4 @@ def _figures(p: Prediction) -> str:
 
 
 def _cut(p: Prediction) -> str:
-    return "" if p.whole_kl is None else f", at {p.scale:.2f} of its step from v0 (the whole step: {p.whole_kl:.1f} nats)"
+    return "" if p.whole_kl is None else f", at {p.scale:.2g} of its step from v0 (the whole step: {p.whole_kl:.1f} nats)"

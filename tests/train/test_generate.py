@@ -229,21 +229,40 @@ def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh
                 param.normal_(0, 0.05)
 
     def alone(answer) -> float:
-        prompt = tokenizer.apply_chat_template(CHAT_PROMPTS[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        response = tokenizer.encode(answer.text, add_special_tokens=False) + [tokenizer.eos_token_id] * answer.finished
-        ids = torch.tensor([prompt + response])
-        with torch.no_grad():
-            on = (policy(input_ids=ids).logits[0, :-1] / 0.8).log_softmax(-1)
-            with policy.disable_adapter():
-                off = (policy(input_ids=ids).logits[0, :-1] / 0.8).log_softmax(-1)
-        targets = ids[0, 1:]
-        rows = torch.arange(len(targets))[-len(response):]
-        return (on[rows, targets[rows]] - off[rows, targets[rows]]).sum().item()
+        return log_ratio(policy, tokenizer, answer, tokenizer.encode(answer.text, add_special_tokens=False), 0.8)
 
     expected = sum(map(alone, answers)) / len(answers)
     assert expected != 0
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=3) == pytest.approx(expected, abs=1e-4)
     assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=1) == pytest.approx(expected, abs=1e-4)
+
+
+def log_ratio(policy, tokenizer, answer, response: list[int], temperature: float) -> float:
+    """log pi(response) - log pi_0(response) to the answer's prompt, the answer's EOS included where it ended."""
+    prompt = tokenizer.apply_chat_template(CHAT_PROMPTS[answer.prompt_index], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    response = response + [tokenizer.eos_token_id] * answer.finished
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        on = (policy(input_ids=ids).logits[0, :-1] / temperature).log_softmax(-1)
+        with policy.disable_adapter():
+            off = (policy(input_ids=ids).logits[0, :-1] / temperature).log_softmax(-1)
+    targets = ids[0, 1:]
+    rows = torch.arange(len(targets))[-len(response):]
+    return (on[rows, targets[rows]] - off[rows, targets[rows]]).sum().item()
+
+
+def test_kl_to_base_reads_the_tokens_the_policy_sampled_not_their_text_encoded_again(tiny_model_dir):
+    """The tiny model's answers never encode back to the tokens sampled, and their KL read -4.5 nats where a policy had
+    moved: the KL budget held nothing. Its own samples are what the KL of a policy to the base is an expectation over."""
+    from train.generate import kl_to_base
+
+    model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    policy = random_policy(model)
+    answers = generate(policy, tokenizer, CHAT_PROMPTS, GenerationConfig(max_new_tokens=8, per_prompt=2, seed=0), progress=False)
+    assert all(a.tokens is not None and len(a.tokens) == a.token_count - a.finished for a in answers)
+    assert any(list(a.tokens) != tokenizer.encode(a.text, add_special_tokens=False) for a in answers)
+    expected = sum(log_ratio(policy, tokenizer, a, list(a.tokens), 0.8) for a in answers) / len(answers)
+    assert kl_to_base(policy, tokenizer, CHAT_PROMPTS, answers, 0.8, batch_size=4) == pytest.approx(expected, abs=1e-4)
 
 
 def random_policy(model, seed: int = 0):

@@ -171,7 +171,10 @@ class RoundConfig:
         metadata={"help": "The most KL to the starting model (nats per response) you accept, over all rounds together: "
                           "KL adds up round after round, as each round moves on from where the last one ended. No round "
                           "registers a candidate further than this on its answers to the predictor's prompts, whatever "
-                          "its optimiser: the one measure of it, taken on prompts no candidate trained on. 0: no budget."},
+                          "its optimiser: the one measure of it, taken on prompts no candidate trained on. A candidate past "
+                          "it is pulled back along its step from v0 (its LoRA update scaled down) to 0.9 of it, measured "
+                          "again, and registered if inside: the judge had rated such candidates 67% to 81% over their start "
+                          "when they were thrown away (scripts/BENCHMARKS.md). 0: no budget."},
     )
     candidates: int = field(
         default=2,

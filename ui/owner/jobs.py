@@ -826,7 +826,7 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
         adapter = directory / scaled if scaled else job_dir(project, made_by.id) / "policy"
         what = f"candidate {chosen + 1} of {candidates} (job {made_by.id})"
     if scaled:
-        what += f" at {best.scale:.2f} of its step from v0, within [round] kl_budget"
+        what += f" at {best.scale:.2g} of its step from v0, within [round] kl_budget"
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 

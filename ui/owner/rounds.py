@@ -1,11 +1,12 @@
 """Training rounds: a chain of jobs that turns the votes so far into the next policy version, or into none.
 
 A round starts from a version v (the newest, or the best rated by people), trains a reward model
-on a snapshot of the comparisons (or takes a chosen version), trains [round] candidates policies
-from v, each with its own seed, and lets a predictor rate their average (or each) against v by
-the reward model on fresh answers to the held-back prompts. Their average, within the KL budget, is
-registered as v+1 ([round] register = "average"; or the candidate rated best, with confidence or
-not, or none, and the votes carry over). Then completions of v (where it has
+on a snapshot of the comparisons (or takes a chosen version), trains [round] candidates policies,
+each with its own seed (by DPO a new adapter from v0 on every vote, [dpo] refit; by PPO or GRPO
+from v), and lets a predictor rate their average (or each) against v by the reward model on fresh
+answers to the held-back prompts. Their average, within the KL budget (pulled back into it where
+past), is registered as v+1 ([round] register = "average"; or the candidate rated best, with
+confidence or not, or none, and the votes carry over). Then completions of v (where it has
 too few) and of v+1 on the held-back prompts, each of v+1's paired with one of v's for the
 annotators: the votes on those pairs are the round's human win rate. Each step is a job, queued
 when the one before it is done, so the app's job queue and `tether round` run a round the same
@@ -62,12 +63,14 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     2. its reward model: trained on every vote so far, unless given a version; where the votes hold nothing the newest
        version has not trained on, with the same settings, that version is reused, and the round says so;
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
-    4. its candidates: [round] candidates policies from the start, each with its own seed, by the round's optimiser
-       (with [round] register other than 'average', the first by it and the others by DPO) (advance_round); none where
+    4. its candidates: [round] candidates policies, each with its own seed, by the round's optimiser (with [round]
+       register other than 'average', the first by it and the others by DPO) (advance_round): PPO and GRPO from the
+       start, DPO from v0 on every vote ([dpo] refit) or from the start on the votes it has not learnt; none where
        DPO on the votes alone would have fewer than [round] min_pairs pairs: the round ends, and its votes carry over;
     5. the predictor: their average's win rate over the start by the reward model, or with [round] register other
-       than 'average' each candidate's (submit_prediction); the average registered as the next version, or with
-       [round] register = 'confident' the candidate rated best with confidence, or none (ingest_prediction);
+       than 'average' each candidate's, a candidate past [round] kl_budget pulled back into it first
+       (submit_prediction); the average registered as the next version, or with [round] register = 'confident' the
+       candidate rated best with confidence, or none (ingest_prediction);
     6. its pairs: completions of the new version against the start's on the held-back prompts, for people to judge.
 
     `read` reads the votes beside the writer, as for submit_reward_training.
