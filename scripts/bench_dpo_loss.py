@@ -14,9 +14,12 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
             batch_size=16+epochs=3, ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
-alone, and says so. The replay stops at the first round that was not DPO. With --union each arm
-trains once instead, from v0 on every replayed round's pairs together (a pair once), with the first
-round's settings: what a loop that retrained from the starting model on all its votes would serve.
+alone, and says so. The replay stops at the first round that was not DPO. Each round learns the
+pairs of its job that the arm's rounds before it have not: a loop whose DPO refit from v0 on every
+vote ([dpo] refit) replays as the chain of rounds that each learnt only its new votes. With --union
+each arm trains once instead, from v0 on every replayed round's pairs together (a pair once), with
+the first round's settings: what a refit of the last round on the same pairs would serve.
+--last-only judges only an arm's last round.
 
     python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
 """
@@ -77,9 +80,9 @@ def _value(text: str):
         return text  # a word, such as label_smoothing=auto
 
 
-def replay_round(project, job_ids: list[int], changes: dict, previous: Path | None, out_dir: Path) -> dict:
-    """Train one arm's next adapter from `previous` on the jobs' frozen pairs, each pair once; the first job's settings
-    but what the arm changes."""
+def replay_round(project, job_ids: list[int], changes: dict, previous: Path | None, out_dir: Path, learnt: set[int]) -> dict:
+    """Train one arm's next adapter from `previous` on the jobs' frozen pairs, each pair once and none in `learnt` (which
+    takes them in); the first job's settings but what the arm changes."""
     from train.config import ModelConfig
     from train.dpo import train_dpo
     from train.models import load_model
@@ -89,11 +92,11 @@ def replay_round(project, job_ids: list[int], changes: dict, previous: Path | No
     configs = [read_job(folder)["config"] for folder in folders]
     config = configs[0]
     settings = config["dpo"] | changes
-    rows, seen = [], set()
+    rows = []
     for folder in folders:
         for row in read_preferences(input_path(folder, "preferences")):
-            if row.pair_id not in seen:
-                seen.add(row.pair_id)
+            if row.pair_id not in learnt:
+                learnt.add(row.pair_id)
                 rows.append(row)
     model, tokenizer = load_model(ModelConfig(**config["model"]))
     started = time.monotonic()
@@ -110,6 +113,7 @@ def main() -> None:
     parser.add_argument("--arms", default="job,plain", help="comma-separated: job, plain, a label smoothing or [dpo] settings as NAME=VALUE+... (default job,plain)")
     parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
     parser.add_argument("--union", action="store_true", help="train each arm once, from v0 on the replayed rounds' pairs together")
+    parser.add_argument("--last-only", action="store_true", help="judge only each arm's last round")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
     args = parser.parse_args()
@@ -129,17 +133,19 @@ def main() -> None:
     steps = [(f"1-{len(rounds)}", [job for _, job in rounds])] if args.union else [(str(n), [job]) for n, (_, job) in enumerate(rounds, start=1)]
     table = []
     for arm, changes in arms.items():
-        previous = None
+        previous, learnt = None, set()
         for number, job_ids in steps:
             out_dir = args.workdir / f"{arm}-round-{number}"
-            trained = replay_round(project, job_ids, changes, previous, out_dir)
+            trained = replay_round(project, job_ids, changes, previous, out_dir, learnt)
+            previous = out_dir
+            if args.last_only and number != steps[-1][0]:
+                continue
             answers, kl = sample_answers(project, out_dir, prompts, per_prompt, args.seed)
             verdict = judge_against(judge, prompts, [a.text for a in answers], [a.text for a in baseline])
             row = {"arm": arm, "round": number, "jobs": job_ids, **trained, "win_rate": verdict.win_rate, "low": verdict.low,
                    "high": verdict.high, "kl_to_v0": kl, "ended": sum(a.finished for a in answers) / len(answers)}
             print(json.dumps(row), flush=True)
             table.append(row)
-            previous = out_dir
     print("\n| arm | round | pairs | label smoothing | judge win rate over v0 [95% CI] | KL to v0 | ended | DPO s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
