@@ -569,10 +569,11 @@ class DPOConfig:
         metadata={"help": "Each round's DPO trains a new adapter from v0 on every vote so far (true), instead of continuing "
                           "the round's start on the votes it has not learnt (false, [dpo] votes). A version is then a fit "
                           "to all the votes, not to the order they came in: a round whose few votes pulled the wrong way is "
-                          "not where the next one starts. Replayed on two loops of 96 votes a round at 70% agreement, one "
-                          "DPO from v0 on their three rounds' pairs beat the loops' third versions by 5.6 and 7.7 points "
-                          "(scripts/BENCHMARKS.md). A round costs DPO on every pair so far, and fresh answers ranked by a "
-                          "reward model ([dpo] pairs) are still the start's."},
+                          "not where the next one starts. On two loops' votes (96 a round at 70% agreement) replayed "
+                          "both ways, one DPO from v0 on the three rounds' pairs beat the chain of three rounds in all "
+                          "four pairs of seeds, by 8.6 points on average (scripts/BENCHMARKS.md). A round costs DPO on "
+                          "every pair so far, and fresh answers ranked by a reward model ([dpo] pairs) are still the "
+                          "start's."},
     )
     label_smoothing: float | str = field(
         default="auto",
