@@ -327,17 +327,16 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
         kl = kl_to_base(model, tokenizer, prompts, generated, generation.temperature, generation.batch_size) if adapter else 0.0
         return generated, kl  # the model goes with this frame: one policy's base at a time
 
-    answers, kls, scales, wholes, scaled = [], [], [1.0] * len(adapters), [None] * len(adapters), [None] * len(adapters)
+    answers, kls, cuts = [], [], {}  # cuts: {policy: (the share of its step kept, the whole step's KL)}
     for i, adapter in enumerate(adapters):
         generated, kl = sample(i, adapter)
         if i and config["kl_budget"] and kl > config["kl_budget"]:
             # Past the budget: the same step from v0, shortened in proportion. KL measured on sampled answers grows about
             # linearly along the step here (on the tiny model, 0.79 nats whole and 0.37 at 0.47 of it), and a convex KL
             # grows no faster, so the cut lands inside.
-            scales[i], wholes[i] = KL_BUDGET_TARGET * config["kl_budget"] / kl, kl
-            scaled[i] = f"within-budget-{i}"
-            scale_adapter(Path(adapter), job_dir / scaled[i], scales[i])
-            generated, kl = sample(i, str(job_dir / scaled[i]))
+            cuts[i] = (KL_BUDGET_TARGET * config["kl_budget"] / kl, kl)
+            scale_adapter(Path(adapter), job_dir / f"within-budget-{i}", cuts[i][0])
+            generated, kl = sample(i, str(job_dir / f"within-budget-{i}"))
         kls.append(kl)
         answers.append(generated)
     asked = [prompts[a.prompt_index] for group in answers for a in group]
@@ -353,8 +352,8 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     ]), job_dir / "answers.parquet")
     scores = normalised.reshape(len(adapters), len(prompts), generation.per_prompt, -1)  # (policies, P, N, K)
     predictions = [
-        {"job": candidate["job"], "adapter": scaled[i]} | dataclasses.asdict(
-            predict(scores[i], scores[0], answers[i], kls[i], config["confidence"], config["draws"], config["seed"], scales[i], wholes[i]))
+        {"job": candidate["job"], "adapter": f"within-budget-{i}" if i in cuts else None} | dataclasses.asdict(
+            predict(scores[i], scores[0], answers[i], kls[i], config["confidence"], config["draws"], config["seed"], *cuts.get(i, (1.0, None))))
         for i, candidate in enumerate(candidates, start=1)
     ]
     events.emit("progress", progress=1.0)
