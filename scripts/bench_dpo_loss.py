@@ -10,7 +10,7 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
     plain   0: plain DPO
     NUMBER  robust DPO at that label smoothing
     NAME=VALUE[+NAME=VALUE...]  the job's settings with each [dpo] NAME set to its VALUE: sft_weight=1 (the chosen
-            answers' likelihood beside the loss), seed=1 (another batch order and LoRA initialisation),
+            answers' likelihood beside the loss), seed=1 (another batch order),
             batch_size=16+epochs=3, ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
@@ -19,7 +19,9 @@ pairs of its job that the arm's rounds before it have not: a loop whose DPO refi
 vote ([dpo] refit) replays as the chain of rounds that each learnt only its new votes. With --union
 each arm trains once instead, from v0 on every replayed round's pairs together (a pair once), with
 the first round's settings: what a refit of the last round on the same pairs would serve.
---last-only judges only an arm's last round.
+--last-only judges only an arm's last round. With --candidates K each step trains K candidates, the
+job's seed plus CANDIDATE_SEED_STRIDE times each candidate's number, as a round's candidates, and
+judges their average (train.adapters.average_adapters), as [round] register = "average" serves it.
 
     python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
 """
@@ -40,7 +42,7 @@ from store.policies import get_policy  # noqa: E402
 from store.prompt_files import read_prompt_file  # noqa: E402
 from train.config import DPOConfig  # noqa: E402
 from train.jobdir import input_path, read_job  # noqa: E402
-from ui.owner.jobs import job_dir  # noqa: E402
+from ui.owner.jobs import CANDIDATE_SEED_STRIDE, job_dir  # noqa: E402
 from ui.owner.project import load_project  # noqa: E402
 from ui.owner.simulate import EVAL_PAIRS, sample_answers  # noqa: E402
 
@@ -80,9 +82,11 @@ def _value(text: str):
         return text  # a word, such as label_smoothing=auto
 
 
-def replay_round(project, job_ids: list[int], changes: dict, previous: Path | None, out_dir: Path, learnt: set[int]) -> dict:
+def replay_round(project, job_ids: list[int], changes: dict, previous: Path | None, out_dir: Path, learnt: set[int],
+                 candidates: int) -> dict:
     """Train one arm's next adapter from `previous` on the jobs' frozen pairs, each pair once and none in `learnt` (which
-    takes them in); the first job's settings but what the arm changes."""
+    takes them in); the first job's settings but what the arm changes. With several candidates, their average."""
+    from train.adapters import average_adapters
     from train.config import ModelConfig
     from train.dpo import train_dpo
     from train.models import load_model
@@ -98,9 +102,15 @@ def replay_round(project, job_ids: list[int], changes: dict, previous: Path | No
             if row.pair_id not in learnt:
                 learnt.add(row.pair_id)
                 rows.append(row)
-    model, tokenizer = load_model(ModelConfig(**config["model"]))
     started = time.monotonic()
-    result = train_dpo(model, tokenizer, rows, DPOConfig(**settings), out_dir, previous, on_cpu=True)
+    if candidates == 1:
+        result = train_dpo(*load_model(ModelConfig(**config["model"])), rows, DPOConfig(**settings), out_dir, previous, on_cpu=True)
+    else:
+        parts = [out_dir.with_name(f"{out_dir.name}-candidate-{k}") for k in range(candidates)]
+        for k, part in enumerate(parts):
+            seeded = DPOConfig(**settings | {"seed": settings["seed"] + CANDIDATE_SEED_STRIDE * k})
+            result = train_dpo(*load_model(ModelConfig(**config["model"])), rows, seeded, part, previous, on_cpu=True)
+        average_adapters(parts, out_dir)
     return {"pairs": result["pairs"], "label_smoothing": result["label_smoothing"], "seconds": time.monotonic() - started,
             "ranked_left_out": any(c.get("reward_version") is not None for c in configs)}
 
@@ -114,6 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="replay only the first this many DPO rounds (default: all)")
     parser.add_argument("--union", action="store_true", help="train each arm once, from v0 on the replayed rounds' pairs together")
     parser.add_argument("--last-only", action="store_true", help="judge only each arm's last round")
+    parser.add_argument("--candidates", type=int, default=1, help="train this many candidates a step and judge their average (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="simulate's --seed, for the evaluation answers (default 0)")
     parser.add_argument("--workdir", type=Path, required=True, help="where each arm's adapters go")
     args = parser.parse_args()
@@ -136,7 +147,7 @@ def main() -> None:
         previous, learnt = None, set()
         for number, job_ids in steps:
             out_dir = args.workdir / f"{arm}-round-{number}"
-            trained = replay_round(project, job_ids, changes, previous, out_dir, learnt)
+            trained = replay_round(project, job_ids, changes, previous, out_dir, learnt, args.candidates)
             previous = out_dir
             if args.last_only and number != steps[-1][0]:
                 continue

@@ -407,8 +407,8 @@ class PPOConfig:
     )
     seed: int = field(
         default=0,
-        metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation. PPO from policy "
-                          "version v uses seed + v, so each round draws its own prompt batches."},
+        metadata={"help": "Random seed for prompt order and sampling (a new adapter always starts from one "
+                          "initialisation). PPO from policy version v uses seed + v, so each round draws its own prompt batches."},
     )
 
     def __post_init__(self):
@@ -498,8 +498,8 @@ class GRPOConfig:
     )
     seed: int = field(
         default=0,
-        metadata={"help": "Random seed for prompt order, sampling and the adapter's initialisation; GRPO from policy "
-                          "version v uses seed + v."},
+        metadata={"help": "Random seed for prompt order and sampling (a new adapter always starts from one "
+                          "initialisation); GRPO from policy version v uses seed + v."},
     )
 
     def __post_init__(self):
@@ -623,7 +623,8 @@ class DPOConfig:
         metadata={"help": "Training arithmetic: 'bf16' (bfloat16 autocast; the weights stay float32), 'fp32', or 'auto': bf16 "
                           "where the hardware has it."},
     )
-    seed: int = field(default=0, metadata={"help": "Random seed for the adapter's initialisation and the batch order."})
+    seed: int = field(default=0, metadata={"help": "Random seed for the batch order (a new adapter always starts from one "
+                                                    "initialisation)."})
 
     def __post_init__(self):
         if self.beta <= 0 or self.learning_rate <= 0:

@@ -125,7 +125,6 @@ def train_dpo(
     smoothing = label_smoothing([row for row, fit in zip(rows, fits) if fit], config.label_smoothing)
     model = prepare_for_training(model)  # a quantised base as PPO and the reward model have it (PEFT's k-bit recipe)
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
-    torch.manual_seed(config.seed)
     dataset = Dataset.from_list(kept)
     log = StepLog(on_step, METRICS)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from accelerate.utils import set_seed
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
@@ -133,7 +133,6 @@ def train_grpo(
         raise ModelError("[grpo] max_new_tokens must be set to train")
     model = prepare_for_training(model)  # a quantised base as PPO and the reward model have it (PEFT's k-bit recipe)
     lora = policy_lora(policy_dir, config.lora_r, config.lora_alpha)
-    torch.manual_seed(config.seed)
     updates_per_step = config.minibatches * config.epochs
     log = _StepLog(on_step, METRICS, updates_per_step)
     with tempfile.TemporaryDirectory(prefix="tether-grpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
@@ -173,6 +172,9 @@ def train_grpo(
         trainer = FoldedGRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               reward_funcs=penalised_scores(shared.score, config, tokenizer.eos_token_id), callbacks=[log])
         shared.attach(trainer.model)  # the PeftModel TRL made on the base: the policy's adapter is its `default`
+        # TRL initialised the adapter under args.seed (NEW_ADAPTER_SEED); it draws the groups and samples under it too.
+        trainer.args.seed = config.seed
+        set_seed(config.seed, device_specific=True)  # as TRL seeds each process its own samples
         train_from(trainer, policy_dir)
     if distributed.is_main():
         save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))

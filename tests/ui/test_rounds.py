@@ -288,6 +288,12 @@ def test_a_round_that_registers_the_average_of_its_candidates_serves_their_avera
     assert [c[4:] for c in candidates[:2]] == [(f"averaged into job {predictor}'s average", None)] * 2
     assert version == (None, "policies/v1")
     assert lineage == ([first, second] if optimizer == "dpo" else [])  # v1 learnt both DPO candidates' pairs
+    # The candidates started from one initialisation, and their own seeds gave them their own batches and samples: their
+    # down-projections are still nearly the same (with initialisations of their own, cosine about 0), the rest not.
+    parts = [load_file(tiny_project / "jobs" / str(job) / "policy/adapter_model.safetensors") for job in (first, second)]
+    downs = [torch.nn.functional.cosine_similarity(parts[0][k].flatten(), parts[1][k].flatten(), dim=0) for k in parts[0] if "lora_A" in k]
+    assert len(downs) > 0 and min(downs) > 0.9
+    assert any(not torch.equal(parts[0][k], parts[1][k]) for k in parts[0] if "lora_B" in k)
     average_adapters([tiny_project / "jobs" / str(job) / "policy" for job in (first, second)], tmp_path / "check")
     served, expected = load_file(tiny_project / "policies/v1/adapter_model.safetensors"), load_file(tmp_path / "check/adapter_model.safetensors")
     assert served.keys() == expected.keys() and all(torch.equal(served[k], expected[k]) for k in served)

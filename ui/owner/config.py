@@ -178,7 +178,8 @@ class RoundConfig:
     )
     candidates: int = field(
         default=2,
-        metadata={"help": "Policies a round trains from its start, each with its own seed. With [round] register = "
+        metadata={"help": "Policies a round trains from its start, from one initialisation, each with its own seed (its batches "
+                          "and samples). With [round] register = "
                           "'average' each by the optimiser the round runs, and the round registers their average; "
                           "otherwise the first by it and the others by DPO, the cheapest, and the predictor rates "
                           "each and picks one. 2: each costs a round its optimiser's time again: on a 2-core CPU, three rounds of 96 "

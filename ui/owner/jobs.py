@@ -381,7 +381,8 @@ def evaluate_reward_model(project: Project, version: RewardModel, data_file: Pat
     return reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=on_scored)
 
 
-# A round's candidate k trains with its optimiser's seed plus k times this: each its own initialisation, batches and samples.
+# A round's candidate k trains with its optimiser's seed plus k times this: each its own batches and samples, all from one
+# initialisation (train.models.NEW_ADAPTER_SEED).
 CANDIDATE_SEED_STRIDE = 1000
 
 
