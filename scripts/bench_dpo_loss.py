@@ -10,7 +10,8 @@ does (the same answers per prompt and seed, so v0's answers are simulate's). The
     plain   0: plain DPO
     NUMBER  robust DPO at that label smoothing
     NAME=VALUE[+NAME=VALUE...]  the job's settings with each [dpo] NAME set to its VALUE: sft_weight=1 (the chosen
-            answers' likelihood beside the loss), seed=1 (another batch order),
+            answers' likelihood beside the loss), seed=1 (another initialisation, and batch
+            order where the job set no data_seed), data_seed=1 (another batch order),
             batch_size=16+epochs=3, ...
 
 Pairs a reward model ranked inside a job are not frozen, so a round that had them replays its votes
@@ -20,7 +21,7 @@ vote ([dpo] refit) replays as the chain of rounds that each learnt only its new 
 each arm trains once instead, from v0 on every replayed round's pairs together (a pair once), with
 the first round's settings: what a refit of the last round on the same pairs would serve.
 --last-only judges only an arm's last round. With --candidates K each step trains K candidates, the
-job's seed plus CANDIDATE_SEED_STRIDE times each candidate's number, as a round's candidates, and
+job's data_seed plus CANDIDATE_SEED_STRIDE times each candidate's number, as a round's candidates, and
 judges their average (train.adapters.average_adapters), as [round] register = "average" serves it.
 
     python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
@@ -40,7 +41,7 @@ from annotate.judges import load_judge  # noqa: E402  (the repository root, not 
 from annotate.simulate import judge_against  # noqa: E402
 from store.policies import get_policy  # noqa: E402
 from store.prompt_files import read_prompt_file  # noqa: E402
-from train.config import DPOConfig  # noqa: E402
+from train.config import DPOConfig, data_seed  # noqa: E402
 from train.jobdir import input_path, read_job  # noqa: E402
 from ui.owner.jobs import CANDIDATE_SEED_STRIDE, job_dir  # noqa: E402
 from ui.owner.project import load_project  # noqa: E402
@@ -108,7 +109,7 @@ def replay_round(project, job_ids: list[int], changes: dict, previous: Path | No
     else:
         parts = [out_dir.with_name(f"{out_dir.name}-candidate-{k}") for k in range(candidates)]
         for k, part in enumerate(parts):
-            seeded = DPOConfig(**settings | {"seed": settings["seed"] + CANDIDATE_SEED_STRIDE * k})
+            seeded = DPOConfig(**settings | {"data_seed": data_seed(DPOConfig(**settings)) + CANDIDATE_SEED_STRIDE * k})
             result = train_dpo(*load_model(ModelConfig(**config["model"])), rows, seeded, part, previous, on_cpu=True)
         average_adapters(parts, out_dir)
     return {"pairs": result["pairs"], "label_smoothing": result["label_smoothing"], "seconds": time.monotonic() - started,

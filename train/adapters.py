@@ -12,7 +12,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from train.files import built_beside
 from train.hardware import uses_bf16
-from train.models import NEW_ADAPTER_SEED, trainable_in_float32
+from train.models import trainable_in_float32
 from train.ppo import StepFn, load_adapter_weights
 
 
@@ -45,11 +45,11 @@ def policy_lora(policy_dir: Path | None, lora_r: int, lora_alpha: int):
     return lora
 
 
-def trainer_settings(scratch: str, seed: int, precision: str, on_cpu: bool) -> dict[str, Any]:
+def trainer_settings(scratch: str, seed: int, data_seed: int, precision: str, on_cpu: bool) -> dict[str, Any]:
     """The TRL config fields every round's trainer shares: a scratch output_dir, nothing saved or reported,
     no progress bar (StepLog reports each step), and bf16 autocast where precision asks for it. TRL initialises
-    a new adapter under `seed`, which is NEW_ADAPTER_SEED here; the job's seed orders the batches (data_seed)."""
-    return {"output_dir": scratch, "seed": NEW_ADAPTER_SEED, "data_seed": seed, "save_strategy": "no", "report_to": "none",
+    a new adapter under `seed`; `data_seed` orders the batches."""
+    return {"output_dir": scratch, "seed": seed, "data_seed": data_seed, "save_strategy": "no", "report_to": "none",
             "disable_tqdm": True,
             "gradient_checkpointing": False, "bf16": uses_bf16(precision), "use_cpu": on_cpu}
 
@@ -80,7 +80,7 @@ def average_adapters(folders: list[Path], out_dir: Path) -> None:
 
     Each module's update is the mean of the adapters' B·A, cut to the adapters' rank r by its r
     largest singular values (exact where the updates share their directions). Candidates that
-    learnt the same votes from the same start and initialisation (train.models.NEW_ADAPTER_SEED)
+    learnt the same votes from the same start and initialisation (one seed, each its own data_seed)
     lie in one basin, where the average of their weights
     keeps what they share and cancels what each seed's minibatch order added (model soups, WARP):
     one draw of a round's training is a lottery, the mean of several far less.

@@ -407,8 +407,13 @@ class PPOConfig:
     )
     seed: int = field(
         default=0,
-        metadata={"help": "Random seed for prompt order and sampling (a new adapter always starts from one "
-                          "initialisation). PPO from policy version v uses seed + v, so each round draws its own prompt batches."},
+        metadata={"help": "Random seed for a new adapter's initialisation, and for prompt order and sampling where data_seed "
+                          "is unset. PPO from policy version v uses seed + v, so each round draws its own prompt batches."},
+    )
+    data_seed: int | None = field(
+        default=None,
+        metadata={"help": "Random seed for prompt order and sampling; unset: seed. A round's candidates share "
+                          "seed and each has its own data_seed, as in transformers' TrainingArguments."},
     )
 
     def __post_init__(self):
@@ -498,8 +503,13 @@ class GRPOConfig:
     )
     seed: int = field(
         default=0,
-        metadata={"help": "Random seed for prompt order and sampling (a new adapter always starts from one "
-                          "initialisation); GRPO from policy version v uses seed + v."},
+        metadata={"help": "Random seed for a new adapter's initialisation, and for prompt order and sampling where data_seed "
+                          "is unset; GRPO from policy version v uses seed + v."},
+    )
+    data_seed: int | None = field(
+        default=None,
+        metadata={"help": "Random seed for prompt order and sampling; unset: seed. A round's candidates share "
+                          "seed and each has its own data_seed, as in transformers' TrainingArguments."},
     )
 
     def __post_init__(self):
@@ -623,8 +633,13 @@ class DPOConfig:
         metadata={"help": "Training arithmetic: 'bf16' (bfloat16 autocast; the weights stay float32), 'fp32', or 'auto': bf16 "
                           "where the hardware has it."},
     )
-    seed: int = field(default=0, metadata={"help": "Random seed for the batch order (a new adapter always starts from one "
-                                                    "initialisation)."})
+    seed: int = field(default=0, metadata={"help": "Random seed for a new adapter's initialisation, and for the batch order "
+                                                    "where data_seed is unset."})
+    data_seed: int | None = field(
+        default=None,
+        metadata={"help": "Random seed for the batch order and the answers ranked; unset: seed. A round's candidates share "
+                          "seed and each has its own data_seed, as in transformers' TrainingArguments."},
+    )
 
     def __post_init__(self):
         if self.beta <= 0 or self.learning_rate <= 0:
@@ -694,3 +709,8 @@ class JudgeConfig:
             problems = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
             raise ValueError(f"template {' and '.join(problems)}: it must hold {{prompt}}, {{answer_a}} and {{answer_b}}, and no "
                              "other placeholder (write a literal brace as {{ or }})")
+
+
+def data_seed(config: "PPOConfig | GRPOConfig | DPOConfig") -> int:
+    """The seed of an optimiser's batches and samples: its data_seed, or its seed where that is unset."""
+    return config.seed if config.data_seed is None else config.data_seed

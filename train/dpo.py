@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
-from train.config import DPOConfig
+from train.config import DPOConfig, data_seed
 from train.errors import ModelError
 from train.models import prepare_for_training
 from train.snapshot import Messages, PreferenceRow
@@ -129,7 +129,7 @@ def train_dpo(
     log = StepLog(on_step, METRICS)
     with tempfile.TemporaryDirectory(prefix="tether-dpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLDPOConfig(
-            **trainer_settings(scratch, config.seed, config.precision, on_cpu),
+            **trainer_settings(scratch, config.seed, data_seed(config), config.precision, on_cpu),
             beta=config.beta,
             # Robust DPO (rDPO) where labels may be flipped: unbiased for the loss on the true labels. Plain DPO at 0.
             loss_type=["robust" if smoothing else "sigmoid"] + ["sft"] * (config.sft_weight > 0),

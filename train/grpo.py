@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from train import distributed
 from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
 from train.batching import in_batches
-from train.config import GRPOConfig
+from train.config import GRPOConfig, data_seed
 from train.errors import ModelError
 from train.generate import Messages, lora_folded
 from train.models import prepare_for_training
@@ -137,7 +137,7 @@ def train_grpo(
     log = _StepLog(on_step, METRICS, updates_per_step)
     with tempfile.TemporaryDirectory(prefix="tether-grpo-") as scratch:  # the Trainer wants an output_dir; nothing is kept
         args = TRLGRPOConfig(
-            **trainer_settings(scratch, config.seed, config.precision, on_cpu),
+            **trainer_settings(scratch, config.seed, data_seed(config), config.precision, on_cpu),
             beta=config.beta,
             num_generations=config.group_size,
             per_device_train_batch_size=group_batch // config.minibatches // processes,
@@ -172,9 +172,9 @@ def train_grpo(
         trainer = FoldedGRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
                               reward_funcs=penalised_scores(shared.score, config, tokenizer.eos_token_id), callbacks=[log])
         shared.attach(trainer.model)  # the PeftModel TRL made on the base: the policy's adapter is its `default`
-        # TRL initialised the adapter under args.seed (NEW_ADAPTER_SEED); it draws the groups and samples under it too.
-        trainer.args.seed = config.seed
-        set_seed(config.seed, device_specific=True)  # as TRL seeds each process its own samples
+        # TRL initialised the adapter under args.seed, and would draw the groups and samples under it too.
+        trainer.args.seed = data_seed(config)
+        set_seed(data_seed(config), device_specific=True)  # as TRL seeds each process its own samples
         train_from(trainer, policy_dir)
     if distributed.is_main():
         save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))

@@ -19,12 +19,6 @@ _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _PAD_TOKEN = "<|endoftext|>"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Every new policy adapter starts from this one initialisation; a job's own seed orders its batches and draws its
-# samples. A round's candidates then differ in those alone and lie in one basin, where train.adapters.average_adapters
-# keeps what they share. Each from an initialisation of its own, their updates were orthogonal (median cosine 0.01
-# over 11 pairs of candidates), and their average kept half of each.
-NEW_ADAPTER_SEED = 0
-
 
 def cache_dir() -> Path:
     """TETHER_CACHE, or tether/ under the user's cache directory."""

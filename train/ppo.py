@@ -55,13 +55,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train import distributed
 from train.batching import in_batches
-from train.config import PPOConfig
+from train.config import PPOConfig, data_seed
 from train.errors import ModelError
 from train.files import built_beside
 from train.features import FeatureSpec, pool
 from train.generate import end_of_turn_ids, lora_folded, sampling, selective_log_softmax
 from train.hardware import uses_bf16
-from train.models import NEW_ADAPTER_SEED, checkpoint_in_eval_mode, prepare_for_training
+from train.models import checkpoint_in_eval_mode, prepare_for_training
 from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
 
 Messages = list[dict[str, str]]
@@ -152,7 +152,7 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
         peft_model = PeftModel.from_pretrained(model, str(policy_dir), adapter_name="policy", is_trainable=True)
         peft_model.load_adapter(str(policy_dir), adapter_name="start", is_trainable=False)
     else:
-        torch.manual_seed(NEW_ADAPTER_SEED)
+        torch.manual_seed(config.seed)
         target_modules = reward.lora.target_modules if reward.lora is not None else "all-linear"
         policy_config = LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                    target_modules=target_modules)
@@ -573,9 +573,9 @@ def train_ppo(
     scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length, reward.features)
     optimizer = optimizer_for(wrapped, config)
     controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
-    generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed + distributed.rank())  # each process its own samples
-    order = random.Random(config.seed)  # the same batches in every process, each taking its share
+    generator = torch.Generator().manual_seed(data_seed(config))
+    torch.manual_seed(data_seed(config) + distributed.rank())  # each process its own samples
+    order = random.Random(data_seed(config))  # the same batches in every process, each taking its share
     eos = end_of_turn_ids(model, tokenizer)
     history, sampled = [], 0
     for step in range(1, config.steps + 1):

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from train import distributed
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig, data_seed
 from train.errors import ModelError
 from train.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
 from train.snapshot import RankingRow, read_preferences, read_rankings
@@ -260,7 +260,7 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
     from train.models import decode_steps_for, load_model
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=dpo.seed)
+    generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=data_seed(dpo))
     steps = decode_steps_for(len(prompts) * dpo.candidates, generation.batch_size, generation.max_new_tokens)
     model, tokenizer = load_model(base, config["policy_adapter_path"], steps)
     generated = generate(model, tokenizer, prompts, generation, progress=False,

@@ -381,8 +381,9 @@ def evaluate_reward_model(project: Project, version: RewardModel, data_file: Pat
     return reward_model.pairwise_accuracy(rows, project.config.reward_model.batch_size * 2, on_scored=on_scored)
 
 
-# A round's candidate k trains with its optimiser's seed plus k times this: each its own batches and samples, all from one
-# initialisation (train.models.NEW_ADAPTER_SEED).
+# A round's candidate k draws its batches and samples with its optimiser's seed plus k times this (data_seed); all
+# start from one initialisation (seed). Each from an initialisation of its own, two candidates' updates were orthogonal
+# (median cosine 0.01 over 11 pairs) and their average kept half of each (scripts/BENCHMARKS.md).
 CANDIDATE_SEED_STRIDE = 1000
 
 
@@ -402,7 +403,8 @@ def submit_ppo(project: Project, run: Run, reward_version: int | None = None, po
     ppo = project.config.ppo
 
     def settings(version: int) -> dict[str, Any]:
-        return {"ppo": dataclasses.asdict(ppo) | {"seed": job_seed(ppo.seed, version, candidate),
+        return {"ppo": dataclasses.asdict(ppo) | {"seed": job_seed(ppo.seed, version, None),
+                                                  "data_seed": job_seed(ppo.seed, version, candidate),
                                                   "max_new_tokens": project.config.ppo_response_tokens()}}
 
     return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id, candidate)
@@ -415,7 +417,8 @@ def submit_grpo(project: Project, run: Run, reward_version: int | None = None, p
 
     def settings(version: int) -> dict[str, Any]:
         tokens = grpo.max_new_tokens or project.config.generation.max_new_tokens
-        return {"grpo": dataclasses.asdict(grpo) | {"seed": job_seed(grpo.seed, version, candidate), "max_new_tokens": tokens}}
+        return {"grpo": dataclasses.asdict(grpo) | {"seed": job_seed(grpo.seed, version, None),
+                                                    "data_seed": job_seed(grpo.seed, version, candidate), "max_new_tokens": tokens}}
 
     return _submit_on_prompts(project, run, "grpo", settings, reward_version, policy_version, round_id, candidate)
 
@@ -486,7 +489,8 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
                           f"nothing trained, and the votes carry over to the next round")
     config = {
         "model": dataclasses.asdict(project.config.model),
-        "dpo": dataclasses.asdict(dpo) | {"seed": job_seed(dpo.seed, policy.version, candidate)},
+        "dpo": dataclasses.asdict(dpo) | {"seed": job_seed(dpo.seed, policy.version, None),
+                                          "data_seed": job_seed(dpo.seed, policy.version, candidate)},
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
         "candidate": candidate,

@@ -63,7 +63,7 @@ def start_round(project: Project, run: Run, reward_version: int | None = None, r
     2. its reward model: trained on every vote so far, unless given a version; where the votes hold nothing the newest
        version has not trained on, with the same settings, that version is reused, and the round says so;
     3. its optimiser: with 'auto', the one the reward model's trust allows (choose_optimizer);
-    4. its candidates: [round] candidates policies, each with its own seed, by the round's optimiser (with [round]
+    4. its candidates: [round] candidates policies, one initialisation, each its own data_seed, by the round's optimiser (with [round]
        register other than 'average', the first by it and the others by DPO) (advance_round): PPO and GRPO from the
        start, DPO from v0 on every vote ([dpo] refit) or from the start on the votes it has not learnt; none where
        DPO on the votes alone would have fewer than [round] min_pairs pairs: the round ends, and its votes carry over;
@@ -124,7 +124,7 @@ def _after_reward_model(project: Project, run: Run, round_: Round) -> Job | None
 
 
 def _submit_candidate(project: Project, run: Run, round_: Round, number: int) -> Job:
-    """Candidate `number` (from 0) of the round, from the round's start with that candidate's seed: by the round's
+    """Candidate `number` (from 0) of the round, from the round's start with that candidate's data_seed: by the round's
     optimiser where the round registers their average (alike adapters average well), else the first by it and the
     others by DPO, the cheapest, so that a PPO or GRPO round has an alternative at little cost."""
     optimizer = round_.optimizer if number == 0 or project.config.round.register == "average" else "dpo"
@@ -135,7 +135,7 @@ def _submit_candidate(project: Project, run: Run, round_: Round, number: int) ->
                          min_pairs=project.config.round.min_pairs)
     else:
         job = SUBMIT_WITH_REWARD_MODEL[optimizer](project, run, round_.reward_version, round_.policy_from, round_.id, candidate=number)
-    run(add_candidate, round_.id, job.id, optimizer, job.config[optimizer]["seed"])
+    run(add_candidate, round_.id, job.id, optimizer, job.config[optimizer]["data_seed"])
     return job
 
 
