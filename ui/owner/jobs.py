@@ -45,7 +45,7 @@ from store.reward_models import (
     next_reward_model_version,
     snapshot_path,
 )
-from train.config import RewardModelConfig
+from train.config import RewardModelConfig, data_seed
 from train.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, input_path, log_tail, read_events, read_job, read_result, write_job
 from train.snapshot import PreferenceRow, RankingRow, preference_table, ranking_table
 from ui.owner.project import Project
@@ -404,7 +404,7 @@ def submit_ppo(project: Project, run: Run, reward_version: int | None = None, po
 
     def settings(version: int) -> dict[str, Any]:
         return {"ppo": dataclasses.asdict(ppo) | {"seed": job_seed(ppo.seed, version, None),
-                                                  "data_seed": job_seed(ppo.seed, version, candidate),
+                                                  "data_seed": job_seed(data_seed(ppo), version, candidate),
                                                   "max_new_tokens": project.config.ppo_response_tokens()}}
 
     return _submit_on_prompts(project, run, "ppo", settings, reward_version, policy_version, round_id, candidate)
@@ -418,7 +418,7 @@ def submit_grpo(project: Project, run: Run, reward_version: int | None = None, p
     def settings(version: int) -> dict[str, Any]:
         tokens = grpo.max_new_tokens or project.config.generation.max_new_tokens
         return {"grpo": dataclasses.asdict(grpo) | {"seed": job_seed(grpo.seed, version, None),
-                                                    "data_seed": job_seed(grpo.seed, version, candidate), "max_new_tokens": tokens}}
+                                                    "data_seed": job_seed(data_seed(grpo), version, candidate), "max_new_tokens": tokens}}
 
     return _submit_on_prompts(project, run, "grpo", settings, reward_version, policy_version, round_id, candidate)
 
@@ -490,7 +490,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     config = {
         "model": dataclasses.asdict(project.config.model),
         "dpo": dataclasses.asdict(dpo) | {"seed": job_seed(dpo.seed, policy.version, None),
-                                          "data_seed": job_seed(dpo.seed, policy.version, candidate)},
+                                          "data_seed": job_seed(data_seed(dpo), policy.version, candidate)},
         "policy_version": policy.version,
         "policy_adapter_path": str(project.root / policy.adapter_path) if policy.adapter_path else None,
         "candidate": candidate,
@@ -498,7 +498,7 @@ def submit_dpo(project: Project, run: Run, reward_version: int | None = None, po
     inputs = {"preferences": preference_table(rows)}
     if reward_model is not None:
         training = [p for p in prompts if p.id not in held_back]
-        drawn = random.Random(job_seed(dpo.seed, policy.version, candidate)).sample(training, min(dpo.prompts, len(training)))
+        drawn = random.Random(job_seed(data_seed(dpo), policy.version, candidate)).sample(training, min(dpo.prompts, len(training)))
         inputs["prompts"] = _prompt_table(drawn)
         config |= {"generation": dataclasses.asdict(project.config.generation), "reward_model": dataclasses.asdict(reward),
                    "reward_version": reward_model.version, "reward_adapter_path": str(project.root / reward_model.adapter_path)}
