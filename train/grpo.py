@@ -173,8 +173,8 @@ def train_grpo(
                               reward_funcs=penalised_scores(shared.score, config, tokenizer.eos_token_id), callbacks=[log])
         shared.attach(trainer.model)  # the PeftModel TRL made on the base: the policy's adapter is its `default`
         # TRL initialised the adapter under args.seed, and would draw the groups and samples under it too.
-        trainer.args.seed = data_seed(config)
-        set_seed(data_seed(config), device_specific=True)  # as TRL seeds each process its own samples
+        trainer.args.seed = args.data_seed
+        set_seed(args.data_seed, device_specific=True)  # as TRL seeds each process its own samples
         train_from(trainer, policy_dir)
     if distributed.is_main():
         save_adapter(trainer, out_dir, "grpo_config.json", asdict(config))

@@ -573,9 +573,10 @@ def train_ppo(
     scorer = RewardScorer(tokenizer, reward.normalization, reward.max_length, reward.features)
     optimizer = optimizer_for(wrapped, config)
     controller = AdaptiveKL(starting_beta(config, policy_dir), config.target_kl, config.kl_horizon)
-    generator = torch.Generator().manual_seed(data_seed(config))
-    torch.manual_seed(data_seed(config) + distributed.rank())  # each process its own samples
-    order = random.Random(data_seed(config))  # the same batches in every process, each taking its share
+    draws = data_seed(config)
+    generator = torch.Generator().manual_seed(draws)
+    torch.manual_seed(draws + distributed.rank())  # each process its own samples
+    order = random.Random(draws)  # the same batches in every process, each taking its share
     eos = end_of_turn_ids(model, tokenizer)
     history, sampled = [], 0
     for step in range(1, config.steps + 1):
