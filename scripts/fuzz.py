@@ -4,10 +4,12 @@ kind of caller with values drawn by Hypothesis, while honest annotators vote bes
 The endpoints come from the running app itself: each function in Gradio's /config (named or private, called by name and
 by its index, as a browser's queue does), each action of the control route's table (ui.owner.control), the sign-in and
 the file routes; a new view is fuzzed without anyone adding it here. Each call is made as nobody, with a signed-out
-session, as a disabled account, as an annotator or as an operator (the control route: with no token, a wrong one, or
-the server's own), with values drawn for its inputs' components: valid ones (a radio's choices, a number in range, a
-real pair's token: one never served, another annotator's, one already answered), wrong types, missing and extra
-fields, huge and empty text, NUL and odd Unicode, NaN, infinities and negative numbers, paths that climb out.
+session, as a disabled account, with an operator's expired session, as an annotator or as an operator (the control
+route: with no token, a wrong one, or the server's own), with values drawn for its inputs' components: valid ones (a
+radio's choices, a number in range, a real pair's token: one never served, another annotator's, one already answered),
+wrong types, missing and extra fields, huge and empty text, NUL and odd Unicode, NaN, infinities and negative numbers,
+paths that climb out. One call in ten replays the latest call the app accepted, as it was sent: a vote, skip or
+ranking sent again must store nothing more.
 
 Each call holds the honest annotators back, waits for the jobs an accepted call started, and reads the database (every
 table's rows, hashed) and the project folder before and after it: a refused call must change neither, and a caller with no account or no role for the function
@@ -29,6 +31,7 @@ import inspect
 import json
 import math
 import os
+import random
 import resource
 import sys
 import tempfile
@@ -40,7 +43,7 @@ from collections import Counter, defaultdict
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
@@ -57,12 +60,16 @@ from ui.owner.server import Server
 from ui.web.app import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-ROLES = ("nobody", "signed out", "disabled", "annotator", "operator")
+ROLES = ("nobody", "signed out", "disabled", "expired", "annotator", "operator")
+NO_ACCOUNT = ("nobody", "signed out", "disabled", "expired", "no token", "wrong token")
 CONTROL_ROLES = ("no token", "wrong token", "token")
 # What an annotator may change: the queue's functions. Any other function changes nothing unless an operator calls it.
 ANNOTATOR_CALLS = {"next_pair", "skip", "rank", "vote_left", "vote_right", "vote_tie", "vote_both_bad"}
+# What a vote, skip or ranking writes: sent again, it must write none of it again.
+ANSWER_TABLES = {"comparisons", "skips", "rankings"}
 # The fuzzer's accounts: named "hostile..." so that soak.check_database tells their votes from the honest annotators'.
 FUZZ_ANNOTATOR, FUZZ_OPERATOR, DISABLED, SIGNED_OUT = "hostile-annotator", "hostile-operator", "hostile-disabled", "hostile-signed-out"
+EXPIRED = "hostile-expired"  # an operator whose session outlived [server] session_hours
 # Left alone between calls: the server's own files, and what a round or an export writes for the operator who asked.
 OWN_FILES = {control.SERVER_FILE}
 
@@ -73,6 +80,15 @@ class Endpoint:
     inputs: tuple[dict, ...] = ()  # Gradio: each input's component (type and props)
     fn_index: int | None = None
     private: bool = False
+
+
+@dataclass(frozen=True)
+class Call:
+    """A Gradio call the app accepted, kept to send again as it was: a replay."""
+    endpoint: Endpoint
+    role: str
+    sent: Any
+    by_index: bool
 
 
 @dataclass
@@ -172,11 +188,13 @@ class Callers:
         self.own_tokens: list[str] = []  # the pairs the queue served the fuzzer's annotator, to vote on out of order
         self.served: str | None = None
         self.annotating = False  # whether the call in flight is one of the annotate view's
+        self.accepted: Call | None = None  # the latest call the app accepted from an account, to replay
         self.clients = {role: httpx.Client(base_url=url, timeout=120) for role in ROLES}
         # Sign-ins and control calls carry no session: a client of their own, its cookies cleared after each call. One
         # client for all: httpx loads a certificate store for each client it makes, about 30 ms of CPU.
         self.sessionless = httpx.Client(base_url=url, timeout=120)
-        for role, name in [("signed out", SIGNED_OUT), ("disabled", DISABLED), ("annotator", FUZZ_ANNOTATOR), ("operator", FUZZ_OPERATOR)]:
+        for role, name in [("signed out", SIGNED_OUT), ("disabled", DISABLED), ("expired", EXPIRED), ("annotator", FUZZ_ANNOTATOR),
+                           ("operator", FUZZ_OPERATOR)]:
             signed = self.clients[role].post("/login", data={"username": name, "password": PASSWORD})
             assert signed.status_code == 200, (name, signed.status_code, signed.text)
         self.clients["signed out"].get("/logout")
@@ -193,6 +211,8 @@ class Callers:
         outcome = self._gradio(self.clients[role], endpoint, data, by_index)
         if self.served and role == "annotator" and self.annotating:
             self.own_tokens.append(self.served)
+        if outcome == "completed" and role in ("annotator", "operator"):
+            self.accepted = Call(endpoint, role, data, by_index)
         return outcome
 
     def _gradio(self, client: httpx.Client, endpoint: Endpoint, data: Any, by_index: bool) -> str:
@@ -282,6 +302,15 @@ def wait_for_jobs(server: Server, seconds: float = 600) -> None:
         time.sleep(0.2)
 
 
+def expire_sessions(server: Server, account: str) -> None:
+    """Age the account's sessions past [server] session_hours, as if that long had passed since it signed in."""
+    sessions = server.sessions
+    with sessions._lock:
+        for token, (name, signed_in_at) in list(sessions._sessions.items()):
+            if name == account:
+                sessions._sessions[token] = name, signed_in_at - sessions.max_age
+
+
 def changed(before: tuple, after: tuple) -> str:
     tables = sorted(t for t in set(before[0]) | set(after[0]) if before[0].get(t) != after[0].get(t))
     files = sorted(f for f in set(before[1]) | set(after[1]) if before[1].get(f) != after[1].get(f))
@@ -343,51 +372,30 @@ class LockedSession(GradioSession):
 
 def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Honest, figures: Figures, calls: int,
          hold: bool, run_seed: int) -> None:
-    """`calls` calls drawn by Hypothesis; with `hold`, each alone (the honest annotators wait) and the state compared."""
+    """`calls` calls drawn by Hypothesis, and after about one in ten of them the latest accepted call replayed; with
+    `hold`, each alone (the honest annotators wait) and the state compared."""
     lock = honest.lock if hold else threading.Lock()
+    # Whether to replay is drawn apart from Hypothesis: its draws must not depend on what the app happened to accept.
+    replays = random.Random(run_seed)
 
-    @seed(run_seed)
-    @settings(max_examples=calls, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), phases=["generate"])
-    @given(st.data())
-    def one_call(data: st.DataObject) -> None:
-        endpoint = data.draw(st.sampled_from(surface))
-        tokens = honest.tokens() + callers.own_tokens[-5:] + [uuid.uuid4().hex]
+    def alone(call: Callable[[], str]) -> tuple[str, tuple | None, tuple | None]:
         with lock:
             if hold:
                 wait_for_jobs(server)
             before = fingerprint(server) if hold else None
-            if endpoint.name.startswith("control:"):
-                role = data.draw(st.sampled_from(CONTROL_ROLES))
-                sent = data.draw(control_args(endpoint.name.removeprefix("control:")))
-                outcome = callers.control(role, endpoint.name.removeprefix("control:"), sent)
-            elif endpoint.name == "login":
-                role = "nobody"
-                sent = (data.draw(st.sampled_from([FUZZ_OPERATOR, DISABLED, "nobody"]) | odd_text()), data.draw(st.text(max_size=30) | odd_text()))
-                outcome = callers.login(*sent)
-            elif endpoint.name == "upload":
-                role = data.draw(st.sampled_from(ROLES))
-                sent = (data.draw(st.binary(max_size=2000)), data.draw(st.sampled_from(ODD_TEXT[:7] + ["p.jsonl"])))
-                outcome = callers.upload(role, *sent)
-            elif endpoint.name == "file":
-                role = data.draw(st.sampled_from(ROLES))
-                sent = data.draw(st.sampled_from(["/etc/passwd", str(server.project.root / "tether.toml"), str(server.project.database_path),
-                                                  "../../tether.toml", str(server.project.root / control.SERVER_FILE)]))
-                outcome = callers.file(role, sent)
-            else:
-                role = data.draw(st.sampled_from(ROLES))
-                sent = data.draw(gradio_data(endpoint, tokens))
-                outcome = callers.gradio(role, endpoint, sent, by_index=endpoint.private or data.draw(st.booleans()))
-            after = fingerprint(server) if hold else None
+            outcome = call()
+            return outcome, before, fingerprint(server) if hold else None
+
+    def judge(endpoint: Endpoint, role: str, sent: Any, outcome: str, before: tuple | None, after: tuple | None,
+              replayed: bool) -> None:
         figures.calls += 1
-        figures.answers[endpoint.name][outcome] += 1
+        figures.answers[endpoint.name + (" (replayed)" if replayed else "")][outcome] += 1
         if figures.calls % 100 == 0:
             print(f"{figures.calls} calls, {len(figures.failures)} failures", flush=True)
-        where = f"{endpoint.name} as {role} with {repr(sent)[:160]}"
+        where = f"{endpoint.name}{' replayed' if replayed else ''} as {role} with {repr(sent)[:160]}"
         if outcome.startswith("HTTP 5") or outcome == "no answer":
             figures.failures.append(f"{where}: {outcome}")
-        if role in ("nobody", "signed out", "disabled", "no token", "wrong token") and outcome == "completed" \
-                and endpoint.name not in ("login", "file", "upload"):
+        if role in NO_ACCOUNT and outcome == "completed" and endpoint.name not in ("login", "file", "upload"):
             figures.failures.append(f"{where}: completed for a caller with no account")
         if endpoint.name == "file" and outcome == "completed":
             figures.failures.append(f"{where}: served a file of the project or the machine")
@@ -398,6 +406,42 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
             serves_instead = outcome == "refused in words" and difference == "table assignments"
             if not may_write and not serves_instead:
                 figures.failures.append(f"{where} ({outcome}) changed {difference}")
+            if replayed and {f"table {t}" for t in ANSWER_TABLES} & set(difference.split(", ")):
+                figures.failures.append(f"{where} ({outcome}) stored an answer again: changed {difference}")
+
+    @seed(run_seed)
+    @settings(max_examples=calls, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), phases=["generate"])
+    @given(st.data())
+    def one_call(data: st.DataObject) -> None:
+        endpoint = data.draw(st.sampled_from(surface))
+        tokens = honest.tokens() + callers.own_tokens[-5:] + [uuid.uuid4().hex]
+        if endpoint.name.startswith("control:"):
+            role = data.draw(st.sampled_from(CONTROL_ROLES))
+            sent = data.draw(control_args(endpoint.name.removeprefix("control:")))
+            call = lambda: callers.control(role, endpoint.name.removeprefix("control:"), sent)
+        elif endpoint.name == "login":
+            role = "nobody"
+            sent = (data.draw(st.sampled_from([FUZZ_OPERATOR, DISABLED, "nobody"]) | odd_text()), data.draw(st.text(max_size=30) | odd_text()))
+            call = lambda: callers.login(*sent)
+        elif endpoint.name == "upload":
+            role = data.draw(st.sampled_from(ROLES))
+            sent = (data.draw(st.binary(max_size=2000)), data.draw(st.sampled_from(ODD_TEXT[:7] + ["p.jsonl"])))
+            call = lambda: callers.upload(role, *sent)
+        elif endpoint.name == "file":
+            role = data.draw(st.sampled_from(ROLES))
+            sent = data.draw(st.sampled_from(["/etc/passwd", str(server.project.root / "tether.toml"), str(server.project.database_path),
+                                              "../../tether.toml", str(server.project.root / control.SERVER_FILE)]))
+            call = lambda: callers.file(role, sent)
+        else:
+            role = data.draw(st.sampled_from(ROLES))
+            sent = data.draw(gradio_data(endpoint, tokens))
+            by_index = endpoint.private or data.draw(st.booleans())
+            call = lambda: callers.gradio(role, endpoint, sent, by_index)
+        judge(endpoint, role, sent, *alone(call), replayed=False)
+        if (accepted := callers.accepted) and replays.random() < 0.1:
+            replayed = lambda: callers.gradio(accepted.role, accepted.endpoint, accepted.sent, accepted.by_index)
+            judge(accepted.endpoint, accepted.role, accepted.sent, *alone(replayed), replayed=True)
 
     one_call()
 
@@ -406,7 +450,8 @@ def make_fuzz_project(root: Path, annotators: int, pairs: int):
     project = make_project(root, tiny_model(root.parent / "tiny-llama"), pairs, annotators, 0)
     password_hash = hash_password(PASSWORD)
     with closing(project.connect()) as con:
-        for name, role in [(FUZZ_ANNOTATOR, "annotator"), (FUZZ_OPERATOR, "operator"), (DISABLED, "annotator"), (SIGNED_OUT, "annotator")]:
+        for name, role in [(FUZZ_ANNOTATOR, "annotator"), (FUZZ_OPERATOR, "operator"), (DISABLED, "annotator"), (SIGNED_OUT, "annotator"),
+                           (EXPIRED, "operator")]:
             add_user(con, name, role, password_hash, "fuzz", utcnow())
     return project
 
@@ -424,6 +469,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Figures, dict]:
         try:
             callers = Callers(url, server.control_token)
             server.control_action("set_disabled", DISABLED, True, "fuzz")  # after its sign-in: a session of a disabled account
+            expire_sessions(server, EXPIRED)
             honest = Honest(url, args.annotators, threading.Lock())
             config = callers.clients["operator"].get("/config").json()
             surface = [e for e in endpoints(config) if not args.only or e.name in args.only.split(",")]
@@ -449,6 +495,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Figures, dict]:
         "peak resident MB": used.ru_maxrss / 1024, "log lines": len(lines),
         "refusal lines": sum(line.startswith("refused ") for line in lines),
         "tracebacks": sum(line.startswith("Traceback") for line in lines),
+        "replays": sum(sum(answers.values()) for name, answers in figures.answers.items() if name.endswith("(replayed)")),
         "annotate view refusals in words": sum(figures.answers.get(name, Counter())["refused in words"] for name in ANNOTATOR_CALLS),
         "honest votes acknowledged": len(set(honest.tally.acknowledged)), "honest votes stored": verdict.stored,
         "honest votes lost": len(verdict.missing), "honest votes refused": sum(honest.tally.refused.values()),
@@ -480,7 +527,7 @@ def main() -> None:
     # The honest annotators draw from `random` in their own thread while Hypothesis draws calls: not its business here.
     warnings.filterwarnings("ignore", category=HypothesisDeprecationWarning)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=3000, help="calls in all: two thirds each alone, one third beside the votes")
+    parser.add_argument("--calls", type=int, default=3000, help="calls drawn, two thirds each alone, one third beside the votes; about one in ten is then replayed besides")
     parser.add_argument("--annotators", type=int, default=4, help="honest annotators voting throughout")
     parser.add_argument("--pairs", type=int, default=400, help="pairs in the project for the honest annotators")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis's seed for the calls drawn")
