@@ -41,8 +41,8 @@ REFERENCES = [
 SHOWN = 5  # the ids a problem names at most
 
 
-def database_problems(con: Connection) -> list[str]:
-    """What is not whole in the database, one line each in words an operator can act on; empty when whole."""
+def unreadable_tables(con: Connection) -> list[str]:
+    """The tables that do not read back, one line each; a damaged file shows here."""
     tables = [row[0] for row in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
     problems = []
     for table in tables:
@@ -50,9 +50,13 @@ def database_problems(con: Connection) -> list[str]:
             con.execute(f'SELECT count(*), sum(hash("{table}")) FROM "{table}"').fetchall()
         except duckdb.Error as e:
             problems.append(f"the database's table {table} cannot be read back ({e}): restore the project from a backup")
+    return problems
+
+
+def broken_references(con: Connection) -> list[str]:
+    """The references between tables that do not hold, one line each; only meaningful once every table reads."""
+    problems = []
     for table, column, target, target_column, rows, condition in REFERENCES:
-        if problems:  # a table that does not read makes every reference to it look broken
-            break
         missing = con.execute(f"""
             SELECT DISTINCT {column} FROM {table} WHERE {condition}
             AND {column} NOT IN (SELECT {target_column} FROM {target}) ORDER BY 1""").fetchall()

@@ -125,6 +125,13 @@ def test_each_kind_of_damage_is_named_and_the_status_is_1(project, damage):
     assert "is not whole: 1 problem\n" in report, report
 
 
+def test_a_broken_reference_does_not_hide_the_damage_to_the_files(project):
+    expected = [lose_a_pair(project), remove_version(project), leave_a_stray_job_folder(project)]
+    status, report = check(project)
+    assert status == 1 and all(line in report for line in expected), report
+    assert "is not whole: 3 problems\n" in report, report
+
+
 def test_a_damaged_database_file_is_reported_not_read_as_whole(project):
     path = project / "tether.duckdb"
     data = bytearray(path.read_bytes())

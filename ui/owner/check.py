@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from store.db import Connection
-from store.integrity import NamedFiles, database_problems, named_files
+from store.integrity import NamedFiles, broken_references, named_files, unreadable_tables
 from train.files import PARTIAL, file_digests, partial_writes
 from train.jobdir import input_path
 from ui.owner.config import ConfigError, read_config
@@ -40,10 +40,10 @@ class Check:
 
 
 def check_project(con: Connection, project: Project) -> Check:
-    database, settings = database_problems(con), _settings_problems(project.root / CONFIG_FILE)
-    if database:  # the files are checked against what the database names, once it is restored
-        return Check(database + settings, [])
-    problems = settings
+    unreadable, settings = unreadable_tables(con), _settings_problems(project.root / CONFIG_FILE)
+    if unreadable:  # the files are checked against what the database names, once it reads
+        return Check(unreadable + settings, [])
+    problems = broken_references(con) + settings
     named = named_files(con)
     problems += _version_problems(project.root, named)
     problems += _input_problems(project.root, named)
