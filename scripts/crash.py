@@ -3,18 +3,18 @@ the server restarts it, then `tether check` and the operation's own count say wh
 
 Each operation is a `tether` command (or, for the settings file, the server's own change of one setting) run in a child
 process that has imported Tether already and waits for a word to start, so that the kill lands in the operation's
-work, not in Python's start. Its run time is measured once, unkilled; each kill comes at a uniform random moment in
-1.2 times that. After a kill the worker processes a job left exit (they watch their owner), the project is restarted
-(ui.owner.recovery.recover, what `tether serve` does as it starts), checked (ui.owner.check, `tether check`), and the
-operation's effect counted: all of it, none of it, or half (a defect). The exit status is 1 if any was half done or
-any check failed.
+work, not in Python's start. Its run time is measured unkilled; each kill comes at a uniform random moment in 1.2
+times its latest run that ended on its own (the first, or a trial the kill missed). After a kill the worker processes
+a job left exit (they watch their owner), the project is restarted (ui.owner.recovery.recover, what `tether serve`
+does as it starts), checked (ui.owner.check, `tether check`), and the operation's effect counted: all of it, none of
+it, or half (a defect). The exit status is 1 if any was half done or any check failed.
 
     .venv/bin/python scripts/crash.py --kills 25              # the long run; figures in BENCHMARKS.md
     .venv/bin/python scripts/crash.py --kills 2 --ops prompts,users   # a quick look
     sudo .venv/bin/python scripts/crash.py --full-disk        # each operation once on a full disk
 
 With --full-disk the work happens on a tmpfs mounted for the run (root only), filled to its last byte before each
-operation runs unkilled: it must end whole, or refuse with one line naming the problem (no traceback) and leave
+operation runs unkilled: it must end whole, or refuse with one short line naming the problem (no traceback) and leave
 nothing half done; space then returns, and the project is restarted and checked as after a kill.
 
 The project is on the tests' tiny random Llama, so a reward model or PPO job takes seconds.
@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))  # tests/ is no installed package
 from tests.conftest import fill  # noqa: E402
 TETHER = str(Path(sys.executable).parent / "tether")
 PASSWORD = "a-long-enough-password"
+LONGEST_REFUSAL = 400  # a longer line dumps something (a list of errors, a repr) instead of saying what went wrong
 # The child: imports Tether, says so, waits for the word, then runs one operation as the user would.
 CHILD = """
 import json, sys
@@ -249,6 +250,8 @@ def refusal(status: int, output: str) -> str:
     last = output.strip().splitlines()[-1] if output.strip() else ""
     if "Traceback" in output or not last:
         return f"a traceback, not one line: {last}"
+    if len(last) > LONGEST_REFUSAL:
+        return f"unclear, {len(last)} characters: {last[:LONGEST_REFUSAL]}"
     return last
 
 
@@ -267,7 +270,7 @@ def full_disk(ops: dict[str, Operation], chosen: list[str], project: Path, work:
         filler.unlink()
         restart(project)
         outcome, problems, said = op.outcome(before, op.state(project, trial), trial), check_project_at(project), refusal(status, output)
-        bad = outcome not in ("whole", "none") or problems or said.startswith("a traceback") or status and outcome != "none"
+        bad = outcome not in ("whole", "none") or problems or said.startswith(("a traceback", "unclear")) or status and outcome != "none"
         failures += bool(bad)
         print(f"{name:<14}{outcome:>9}{'failed' if problems else 'whole':>8}  {said}", flush=True)
         if problems:
@@ -323,7 +326,9 @@ def run(args: argparse.Namespace, work: Path, rng: random.Random) -> int:
         for _ in range(args.kills):
             trial += 1
             before = op.state(project, trial)
-            _, killed, _, _ = run_child(op, op.spec(trial), rng.uniform(0, 1.2 * seconds))
+            took, killed, _, _ = run_child(op, op.spec(trial), rng.uniform(0, 1.2 * seconds))
+            if not killed:  # it ended before the kill: its latest run time bounds the next moment (a first run is slower)
+                seconds = took
             restart(project)
             after = op.state(project, trial)
             outcome = op.outcome(before, after, trial)

@@ -11,6 +11,7 @@ wait for torch to import.
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -40,6 +41,14 @@ def built_beside(target: Path) -> Iterator[Path]:
         sync(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def why(e: OSError) -> str:
+    """Why a file operation failed, in a few words. shutil.copytree gathers one error per file, each as text naming
+    both paths; the first one's reason stands for them (on a full disk, they all say so)."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        return re.sub(r"^\[Errno \d+\] ", "", str(e.args[0][0][2]).split(": '")[0])
+    return e.strerror or str(e)
 
 
 def write_durably(path: Path, text: str, mode: int = 0o666) -> None:

@@ -73,8 +73,9 @@ def test_a_vote_on_a_full_disk_is_refused_and_not_counted_and_voting_resumes_whe
 @pytest.mark.long
 def test_each_write_on_a_full_disk_ends_whole_or_refuses_in_one_line_and_leaves_nothing_half_done(tmp_path):
     """scripts/crash.py --full-disk, on the operations whose refusals were tracebacks or left a file behind (a restore's
-    copy, a job's row, an export's file, the settings file, an init's database): each refused in one line, none half done."""
-    ops = ["export", "restore", "reward-model", "init", "settings"]
+    copy, a job's row, an export's file, the settings file, an init's database) or in a long list of every file's error (a
+    rollback's copy): each refused in one short line, none half done."""
+    ops = ["export", "restore", "reward-model", "rollback", "init", "settings"]
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "crash.py"), "--full-disk", "--size", "200", "--ops", ",".join(ops),
                            "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
