@@ -43,7 +43,7 @@ def built_beside(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def why(e: OSError) -> str:
+def failure_reason(e: OSError) -> str:
     """Why a file operation failed, in a few words. shutil.copytree gathers one error per file, each as text naming
     both paths; the first one's reason stands for them (on a full disk, they all say so)."""
     if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:

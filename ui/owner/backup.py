@@ -24,7 +24,7 @@ from store.db import Connection, StoreError, open_database, utcnow
 from store.integrity import named_files
 from store.jobs import registered_adapter_paths
 from store.reward_models import list_reward_models
-from train.files import built_beside, why
+from train.files import built_beside, failure_reason
 from train.jobdir import input_path
 from ui.owner.check import dpo_preferences
 from ui.owner.project import CONFIG_FILE, DATABASE_FILE
@@ -61,7 +61,7 @@ def backup(con: Connection, root: Path, dest: Path) -> Backup:
     try:
         return _copy_project(con, root, dest)
     except OSError as e:  # a full disk, a folder not ours: nothing is left behind (built_beside)
-        raise StoreError(f"cannot write the backup into {dest}: {why(e)}") from None
+        raise StoreError(f"cannot write the backup into {dest}: {failure_reason(e)}") from None
 
 
 def _copy_project(con: Connection, root: Path, dest: Path) -> Backup:
@@ -115,7 +115,7 @@ def restore(src: Path, root: Path) -> Backup:
     try:
         return _restore_files(src, root, manifest, inputs)
     except OSError as e:  # a full disk: nothing is left behind (built_beside)
-        raise StoreError(f"cannot restore into {root}: {why(e)}") from None
+        raise StoreError(f"cannot restore into {root}: {failure_reason(e)}") from None
 
 
 def _restore_files(src: Path, root: Path, manifest: dict, inputs: list[str]) -> Backup:

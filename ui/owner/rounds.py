@@ -39,7 +39,7 @@ from store.rounds import (
     AVERAGE, Candidate, Round, add_candidate, add_note, add_round, finish_round, get_round, list_rounds, round_candidates, set_choice,
 )
 from store.stats import version_games, version_votes
-from train.files import built_beside, file_digests, why
+from train.files import built_beside, file_digests, failure_reason
 from ui.owner.config import OPTIMIZERS, TetherConfig
 from train.config import RewardModelConfig
 from ui.owner.jobs import (
@@ -456,7 +456,7 @@ def _copy_atomically(source: Path, target: Path) -> os.stat_result:
             shutil.copytree(source, built)
         return target.stat()
     except OSError as e:
-        raise StoreError(f"cannot copy the adapter {source} to {target}: {why(e)}; nothing was copied") from None
+        raise StoreError(f"cannot copy the adapter {source} to {target}: {failure_reason(e)}; nothing was copied") from None
 
 
 def _remove_copy(con: Connection, target: Path, copy: os.stat_result) -> None:
