@@ -11,8 +11,9 @@ wrong types, missing and extra fields, huge and empty text, NUL and odd Unicode,
 paths that climb out. One call in ten replays the latest call the app accepted, as it was sent: a vote, skip or
 ranking sent again must store nothing more.
 
-Each call holds the honest annotators back, waits for the jobs an accepted call started, and reads the database (every
-table's rows, hashed) and the project folder before and after it: a refused call must change neither, and a caller with no account or no role for the function
+Each call holds the honest annotators back, waits until the server writes nothing of its own (a job an accepted call
+started, a round the schedule started), and reads the database (every table's rows, hashed) and the project folder
+before and after it: a refused call must change neither, and a caller with no account or no role for the function
 must change nothing whatever the answer. Then a concurrent phase calls without holding them back. At the end: no 5xx
 answer, no traceback in the server's log (a refusal is one line), every honest vote acknowledged is stored and none
 refused, and the process's peak memory and CPU per call (server and clients together: an upper bound on the server's).
@@ -52,6 +53,7 @@ from hypothesis.errors import HypothesisDeprecationWarning
 from bench_serve import free_port
 from soak import PASSWORD, GradioSession, Refused, Tally, annotate, annotator_name, check_database, make_project, tiny_model
 from store.db import utcnow
+from store.rounds import running_round, scheduled_round_due
 from store.users import add_user, set_disabled
 from ui.owner import control
 from ui.owner.auth import hash_password
@@ -293,12 +295,16 @@ def fingerprint(server: Server) -> tuple:
     return server.db(tables), files
 
 
-def wait_for_jobs(server: Server, seconds: float = 600) -> None:
-    """Until no job is queued or running (twice in a row): a job an accepted call started writes as it goes."""
+def wait_until_quiet(server: Server, seconds: float = 600) -> None:
+    """Until the server writes nothing of its own (twice in a row): no job queued or running, no round running, and no
+    round the schedule is due to start. A job an accepted call started, or a round the votes made due, writes as it goes."""
+    def busy(con) -> bool:
+        jobs = con.execute("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')").fetchall()[0][0]
+        return bool(jobs) or running_round(con) is not None or scheduled_round_due(con, server.project.config.round.every_comparisons)
+
     deadline, idle = time.monotonic() + seconds, 0
     while idle < 2 and time.monotonic() < deadline:
-        busy = server.db(lambda con: con.execute("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')").fetchall()[0][0])
-        idle = 0 if busy else idle + 1
+        idle = 0 if server.db(busy) else idle + 1
         time.sleep(0.2)
 
 
@@ -381,7 +387,7 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
     def alone(call: Callable[[], str]) -> tuple[str, tuple | None, tuple | None]:
         with lock:
             if hold:
-                wait_for_jobs(server)
+                wait_until_quiet(server)
             before = fingerprint(server) if hold else None
             outcome = call()
             return outcome, before, fingerprint(server) if hold else None

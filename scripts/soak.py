@@ -489,7 +489,7 @@ def check_database(path: Path, acknowledged: list[tuple[str, str]]) -> Verdict:
         over_voted = con.execute(
             """
             SELECT count(*) FROM pairs p
-            JOIN (SELECT pair_id, count(*) AS n FROM comparisons GROUP BY pair_id) c ON c.pair_id = p.id
+            JOIN (SELECT pair_id, count(*) AS n FROM comparisons WHERE source <> 'ai' GROUP BY pair_id) c ON c.pair_id = p.id  -- as the queue counts
             WHERE c.n > p.votes_wanted
             """
         ).fetchone()[0]
