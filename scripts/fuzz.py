@@ -53,6 +53,7 @@ from hypothesis.errors import HypothesisDeprecationWarning
 from bench_serve import free_port
 from soak import PASSWORD, GradioSession, Refused, Tally, annotate, annotator_name, check_database, make_project, tiny_model
 from store.db import utcnow
+from store.jobs import next_queued, running_job_ids
 from store.rounds import running_round, scheduled_round_due
 from store.users import add_user, set_disabled
 from ui.owner import control
@@ -299,8 +300,8 @@ def wait_until_quiet(server: Server, seconds: float = 600) -> None:
     """Until the server writes nothing of its own (twice in a row): no job queued or running, no round running, and no
     round the schedule is due to start. A job an accepted call started, or a round the votes made due, writes as it goes."""
     def busy(con) -> bool:
-        jobs = con.execute("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')").fetchall()[0][0]
-        return bool(jobs) or running_round(con) is not None or scheduled_round_due(con, server.project.config.round.every_comparisons)
+        return (next_queued(con) is not None or bool(running_job_ids(con)) or running_round(con) is not None
+                or scheduled_round_due(con, server.project.config.round.every_comparisons))
 
     deadline, idle = time.monotonic() + seconds, 0
     while idle < 2 and time.monotonic() < deadline:
