@@ -19,8 +19,8 @@ from typing import Any, Callable
 from annotate.judges import Judge, prefers_first, sigmoid
 from annotate.queue import Action, LiveQueue, QueueConfig
 from annotate.ratings import wilson_interval
-from store.rankings import answer_label
 from store.db import Connection, utcnow
+from store.rankings import answer_label
 
 Messages = list[dict[str, str]]
 Run = Callable[..., Any]  # runs a store function on the database

@@ -11,7 +11,7 @@ Ties and both-bad votes say nothing about which answer is better, and are left o
 
 A pair's label then weighs each vote by its annotator's log-odds logit(r_j): a coin-flipper's vote
 counts for nothing, and the label comes with the probability that it is right (its confidence),
-which the reward model's loss takes (train.reward.label_noise_loss).
+which the reward model's loss takes (train.reward.votes.label_noise_loss).
 """
 
 import math

@@ -22,7 +22,7 @@ each arm trains once instead, from v0 on every replayed round's pairs together (
 the first round's settings: what a refit of the last round on the same pairs would serve.
 --last-only judges only an arm's last round. With --candidates K each step trains K candidates, the
 job's data_seed plus CANDIDATE_SEED_STRIDE times each candidate's number, as a round's candidates, and
-judges their average (train.adapters.average_adapters), as [round] register = "average" serves it.
+judges their average (train.policy.adapters.average_adapters), as [round] register = "average" serves it.
 
     python scripts/bench_dpo_loss.py --project WORKDIR/direct-new --judge direct --eval-prompts WORKDIR/eval.jsonl
 """
@@ -41,10 +41,11 @@ from annotate.judges import load_judge  # noqa: E402  (the repository root, not 
 from annotate.simulate import judge_against  # noqa: E402
 from store.policies import get_policy  # noqa: E402
 from store.prompt_files import read_prompt_file  # noqa: E402
-from train.config import DPOConfig, data_seed  # noqa: E402
-from train.jobdir import input_path, read_job  # noqa: E402
-from ui.owner.jobs import CANDIDATE_SEED_STRIDE, job_dir  # noqa: E402
+from train.common.config import DPOConfig, data_seed  # noqa: E402
+from train.runtime.jobdir import input_path, read_job  # noqa: E402
+from ui.owner.project import job_dir  # noqa: E402
 from ui.owner.project import load_project  # noqa: E402
+from ui.owner.round import CANDIDATE_SEED_STRIDE
 from ui.owner.simulate import EVAL_PAIRS, sample_answers  # noqa: E402
 
 
@@ -87,11 +88,11 @@ def replay_round(project, job_ids: list[int], changes: dict, previous: Path | No
                  candidates: int) -> dict:
     """Train one arm's next adapter from `previous` on the jobs' frozen pairs, each pair once and none in `learnt` (which
     takes them in); the first job's settings but what the arm changes. With several candidates, their average."""
-    from train.adapters import average_adapters
-    from train.config import ModelConfig
-    from train.dpo import train_dpo
-    from train.models import load_model
-    from train.snapshot import read_preferences
+    from train.common.config import ModelConfig
+    from train.common.models import load_model
+    from train.common.snapshot import read_preferences
+    from train.policy.adapters import average_adapters
+    from train.policy.dpo import train_dpo
 
     folders = [job_dir(project, job_id) for job_id in job_ids]
     configs = [read_job(folder)["config"] for folder in folders]

@@ -4,7 +4,7 @@ Both runs sample the same number of sequences with the same settings; rounds alt
 between the two so that machine noise falls on both alike. Prints tokens/s and the ratio.
 With --policy both sample from a policy, a rank-16 LoRA on every linear layer with B drawn at
 random: raw `model.generate` through PEFT with the adapter unfolded, as Tether sampled a policy
-before it folded the adapter into the weights (train.generate.lora_folded).
+before it folded the adapter into the weights (train.policy.generate.lora_folded).
 
     .venv/bin/python scripts/bench_generate.py --batch-size 16 --max-new-tokens 64
     .venv/bin/python scripts/bench_generate.py --policy
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from bench_arms import random_policy
 
-from train.config import GenerationConfig, ModelConfig
-from train.generate import generate
-from train.models import load_model
+from train.common.config import GenerationConfig, ModelConfig
+from train.common.models import load_model
+from train.policy.generate import generate
 
 DEMO_PROMPTS = Path(__file__).resolve().parent / "demo_prompts.jsonl"
 

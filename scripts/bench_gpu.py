@@ -103,7 +103,7 @@ def build_model(path: Path, shape: dict) -> None:
 
 def synthetic_rows(count: int, words: int, seed: int) -> list:
     """Preference rows on the demo prompts with random-word responses of about `words` words."""
-    from train.snapshot import PreferenceRow
+    from train.common.snapshot import PreferenceRow
 
     rng = random.Random(seed)
     vocabulary = "the a of to and in is it that for on with as was at by this be are from or".split()
@@ -118,15 +118,15 @@ def peak_gpu_gb() -> float | None:
 
 
 def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
-    from train.config import ModelConfig, RewardModelConfig
-    from train.reward import train_reward_model
+    from train.common.config import ModelConfig, RewardModelConfig
+    from train.reward.lora import train_reward_model
 
     # One head: the TRL arm merges this reward model into a scalar classifier.
     config = RewardModelConfig(heads=1, batch_size=options.rm_batch_size, epochs=1, max_length=options.rm_max_length,
                                gradient_checkpointing={"true": True, "false": False}.get(options.gradient_checkpointing, "auto"))
     from transformers import AutoTokenizer
 
-    from train.reward_model import encode_pairs
+    from train.reward.encoding import encode_pairs
 
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
     base = ModelConfig(dtype="bfloat16", quantization=quantization)
@@ -138,8 +138,8 @@ def arm_rm(model_dir: Path, out: Path, quantization: str, options) -> dict:
 
 
 def arm_head(model_dir: Path, out: Path, quantization: str, options) -> dict:
-    from train.config import ModelConfig, RewardModelConfig
-    from train.head import train_head_model
+    from train.common.config import ModelConfig, RewardModelConfig
+    from train.reward.head import train_head_model
 
     config = RewardModelConfig(kind="head", batch_size=options.rm_batch_size, max_length=options.rm_max_length)
     rows = synthetic_rows(options.pairs, options.max_new_tokens, seed=0)
@@ -148,9 +148,9 @@ def arm_head(model_dir: Path, out: Path, quantization: str, options) -> dict:
 
 
 def arm_ppo(model_dir: Path, reward_dir: Path, quantization: str, options) -> dict:
-    from train.config import ModelConfig
-    from train.models import load_model
-    from train.ppo import train_ppo
+    from train.common.config import ModelConfig
+    from train.common.models import load_model
+    from train.policy.ppo import train_ppo
 
     base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
     model, tokenizer = load_model(base)
@@ -174,9 +174,9 @@ def profile_updates() -> None:
     kernels) printed to stderr: where an update's time goes when the arithmetic does not explain it."""
     import torch
 
-    import train.ppo
+    import train.policy.ppo
 
-    update = train.ppo.update
+    update = train.policy.ppo.update
 
     def profiled(*args, **kwargs):
         activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * torch.cuda.is_available()
@@ -185,7 +185,7 @@ def profile_updates() -> None:
         print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr, flush=True)
         return result
 
-    train.ppo.update = profiled  # ppo_step looks it up in its module at each call
+    train.policy.ppo.update = profiled  # ppo_step looks it up in its module at each call
 
 
 def arm_generate(model_dir: Path, quantization: str, options) -> dict:
@@ -193,9 +193,9 @@ def arm_generate(model_dir: Path, quantization: str, options) -> dict:
     batch and sampling, each timed after a first call."""
     import torch
 
-    from train.config import GenerationConfig, ModelConfig
-    from train.generate import end_of_turn_ids, generate
-    from train.models import load_model
+    from train.common.config import GenerationConfig, ModelConfig
+    from train.common.models import load_model
+    from train.policy.generate import end_of_turn_ids, generate
 
     base = ModelConfig(name_or_path=str(model_dir), dtype="bfloat16", quantization=quantization, compile=options.compile)
     model, tokenizer = load_model(base)
@@ -254,7 +254,7 @@ def arm_trl_setup(model_dir: Path, reward_dir: Path, workdir: Path) -> dict:
 
 
 def ppo_config(options):
-    from train.config import PPOConfig
+    from train.common.config import PPOConfig
 
     return PPOConfig(steps=options.steps, batch_size=options.batch_size, minibatch_size=options.minibatch_size,
                      max_new_tokens=options.max_new_tokens, target_kl=0.0, seed=0)
@@ -337,7 +337,7 @@ def shape_of(model_dir: Path) -> dict:
     """What the limits depend on: the weights a decode step reads, a token's key-value cache and the demo prompts' length."""
     from transformers import AutoTokenizer
 
-    from train.memory import NF4_BYTES, model_shape
+    from train.runtime.memory import NF4_BYTES, model_shape
 
     shape = model_shape(str(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

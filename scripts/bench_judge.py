@@ -1,6 +1,6 @@
 """The AI judge (`tether judge`) against the human choice on Anthropic HH preference pairs.
 
-Each pair of an HH file is put to the judge, train.judge.judge_pairs as the worker runs it, with the
+Each pair of an HH file is put to the judge, train.reward.judge.judge_pairs as the worker runs it, with the
 chosen answer in place A for a random half of the pairs and in place B for the rest, so that a
 judge leaning to one place gains nothing on its single-order agreement. Reported: the agreement
 with the human choice of the judge's vote (both orders' log-odds averaged) and of the first order
@@ -26,9 +26,9 @@ HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 def main() -> None:
     from annotate.ratings import wilson_interval
     from store.pref_files import read_preference_file
-    from train.config import DEFAULT_MODEL, JudgeConfig, ModelConfig
-    from train.judge import PairToJudge, judge_pairs
-    from train.models import load_model
+    from train.common.config import DEFAULT_MODEL, JudgeConfig, ModelConfig
+    from train.common.models import load_model
+    from train.reward.judge import PairToJudge, judge_pairs
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=HH_FILE, help="Preference file: Anthropic HH or TRL format [default: the shared HH pairs].")

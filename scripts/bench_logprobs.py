@@ -1,7 +1,7 @@
 """Peak memory of one PPO update: the selective log-softmax against the full one it replaced.
 
 The full arm computes log_softmax over the whole vocabulary in float32, a (B, R, V) tensor kept for
-the backward pass, and reads the response tokens from it; the selective arm (train.generate's,
+the backward pass, and reads the response tokens from it; the selective arm (train.policy.generate's,
 which PPO uses) takes each sequence's logsumexp from a float32 copy of that sequence's logits alone. Both run the same
 update on the same sampled batch of the default model, each in its own child process, and report
 the growth of resident memory over the update, sampled every 5 ms, and its wall time.
@@ -38,12 +38,13 @@ def resident_bytes() -> int:
 def arm(name: str, batch: int, tokens: int) -> dict:
     import torch
 
-    import train.ppo as ppo
-    from train.config import ModelConfig, PPOConfig, RewardModelConfig
-    from train.generate import end_of_turn_ids
-    from train.models import load_model, resolve_model_path
-    from train.reward import build_model
-    from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
+    import train.policy.ppo as ppo
+    from train.common.config import ModelConfig, PPOConfig, RewardModelConfig
+    from train.common.models import load_model, resolve_model_path
+    from train.policy.generate import end_of_turn_ids
+    from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
+    from train.reward.lora import build_model
+    from train.reward.versions import read_reward_adapter
 
     if name == "full":
         ppo.selective_log_softmax = full_log_softmax

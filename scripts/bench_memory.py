@@ -1,10 +1,10 @@
 """Peak memory of reward-model training: glibc's default allocator settings against the workers' own, and both
-against the expected peak that `tether status` prints (train.memory).
+against the expected peak that `tether status` prints (train.runtime.memory).
 
 Both arms run Tether's reward-model training (the `tether` arm of bench_rm.py) on the same pairs with the same
 settings, each in its own child process so that its peak resident memory is its own, in one invocation
 because this machine is noisy. The first arm runs with glibc's defaults, the second with the environment a
-worker gets with [worker] release_memory (train.jobdir.ALLOCATOR_ENV). The pairs are the first --pairs of the shared HH file, whose
+worker gets with [worker] release_memory (train.runtime.jobdir.ALLOCATOR_ENV). The pairs are the first --pairs of the shared HH file, whose
 prompts are long: nearly every batch fills --max-length, which is the length the expectation assumes.
 
     python scripts/bench_memory.py --pairs 32 --batch-size 8 --max-length 256
@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def expected_gb(max_length: int, batch_size: int) -> float:
-    """train.memory's peak for a reward-model job on the default model, at full length."""
-    from train.config import DEFAULT_MODEL, ModelConfig, RewardModelConfig
-    from train.memory import GB, Estimator, model_shape
-    from train.models import resolve_model_path
+    """train.runtime.memory's peak for a reward-model job on the default model, at full length."""
+    from train.common.config import DEFAULT_MODEL, ModelConfig, RewardModelConfig
+    from train.common.models import resolve_model_path
+    from train.runtime.memory import GB, Estimator, model_shape
     from ui.owner.config import TetherConfig
 
     config = TetherConfig(model=ModelConfig(), reward_model=RewardModelConfig(max_length=max_length, batch_size=batch_size))
@@ -34,7 +34,7 @@ def expected_gb(max_length: int, batch_size: int) -> float:
 
 
 def main() -> None:
-    from train.jobdir import ALLOCATOR_ENV
+    from train.runtime.jobdir import ALLOCATOR_ENV
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=32, help="training pairs: the first N of the HH file [default: 32]")

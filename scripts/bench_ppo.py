@@ -68,8 +68,8 @@ from bench_arms import run_arm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# train.config has no torch or transformers, so the TRL environment imports it as well.
-from train.config import PPOConfig
+# train.common.config has no torch or transformers, so the TRL environment imports it as well.
+from train.common.config import PPOConfig
 
 PROMPTS_FILE = ROOT / "scripts" / "demo_prompts.jsonl"
 TRL_VENV = ROOT / ".bench" / "trl-1.12.0"
@@ -105,10 +105,11 @@ def prepare(workdir: Path, config: PPOConfig) -> None:
     reward/ is in Tether's format; reward-merged/ is the same model as a full sequence classifier.
     """
     from store.prompt_files import read_prompt_file
-    from train.config import DEFAULT_MODEL, RewardModelConfig
-    from train.models import resolve_model_path
-    from train.reward import build_model
-    from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, Normalization
+    from train.common.config import DEFAULT_MODEL, RewardModelConfig
+    from train.common.models import resolve_model_path
+    from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
+    from train.reward.lora import build_model
+    from train.reward.scores import Normalization
 
     model_path = resolve_model_path(DEFAULT_MODEL)
     prompts = [p.messages for p in read_prompt_file(PROMPTS_FILE)]
@@ -126,9 +127,9 @@ def prepare(workdir: Path, config: PPOConfig) -> None:
 
 
 def run_tether(workdir: Path, setup: dict, config: PPOConfig) -> dict:
-    from train.config import ModelConfig
-    from train.models import load_model
-    from train.ppo import train_ppo
+    from train.common.config import ModelConfig
+    from train.common.models import load_model
+    from train.policy.ppo import train_ppo
 
     model, tokenizer = load_model(ModelConfig(name_or_path=setup["model_path"], device="cpu"))
     out_dir = Path(tempfile.mkdtemp(prefix="tether-policy-", dir=workdir))  # a new one for each of --repeats

@@ -31,7 +31,7 @@ HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 def preference_rows(path: Path, first: int, last: int) -> tuple[list, list]:
     """(the first `first`, the last `last`) comparisons as PreferenceRows."""
     from store.pref_files import read_preference_file
-    from train.snapshot import PreferenceRow
+    from train.common.snapshot import PreferenceRow
 
     rows = [PreferenceRow(p.prompt.messages, p.chosen, p.rejected) for p in read_preference_file(path)]
     if first + last > len(rows):
@@ -40,7 +40,7 @@ def preference_rows(path: Path, first: int, last: int) -> tuple[list, list]:
 
 
 def run_tether(model_path: str, train: list, held: list, config) -> dict:
-    from train.reward import train_reward_model
+    from train.reward.lora import train_reward_model
 
     with tempfile.TemporaryDirectory() as scratch:
         metrics = train_reward_model(model_path, train, held, config, Path(scratch) / "rm")
@@ -53,8 +53,8 @@ def run_trl(model_path: str, train: list, held: list, config) -> dict:
     from peft import LoraConfig, TaskType
     from trl import RewardConfig, RewardTrainer
 
-    from train.hardware import uses_bf16
-    from train.snapshot import conversational
+    from train.common.snapshot import conversational
+    from train.runtime.hardware import uses_bf16
 
     with tempfile.TemporaryDirectory() as scratch:
         args = RewardConfig(
@@ -78,9 +78,9 @@ def run_trl(model_path: str, train: list, held: list, config) -> dict:
 
 def arm(name: str, options: argparse.Namespace) -> None:
     """One arm, in this (child) process: its result as one JSON line on stdout."""
-    from train.config import DEFAULT_MODEL, RewardModelConfig
-    from train.models import resolve_model_path
-    from train.hardware import uses_bf16
+    from train.common.config import DEFAULT_MODEL, RewardModelConfig
+    from train.common.models import resolve_model_path
+    from train.runtime.hardware import uses_bf16
 
     train, held = preference_rows(options.data, options.pairs, options.eval_pairs)
     config = RewardModelConfig(max_length=options.max_length, batch_size=options.batch_size, eval_share=0.0,

@@ -65,7 +65,7 @@ class Answers:
 
 
 def cache_file(model_path: str, generation, max_length: int, prompts: list) -> Path:
-    from train.models import cache_dir
+    from train.common.models import cache_dir
 
     key = json.dumps([model_path, asdict(generation), max_length, prompts, ANSWERS_PER_PROMPT], sort_keys=True)
     return cache_dir() / "bench_rm_votes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
@@ -76,10 +76,10 @@ def load_answers(seed: int) -> Answers:
     import torch
 
     from store.prompt_files import read_prompt_file
-    from train.config import Hardware, ModelConfig
-    from train.features import POOLINGS, pooled_states
-    from train.generate import generate
-    from train.models import load_model, resolve_model_path
+    from train.common.config import Hardware, ModelConfig
+    from train.common.models import load_model, resolve_model_path
+    from train.policy.generate import generate
+    from train.reward.features import POOLINGS, pooled_states
     from ui.owner.config import settings_for
 
     config, _ = settings_for(Hardware("cpu", "bench", 0), ModelConfig())
@@ -188,7 +188,7 @@ HEADS = 4
 
 def arm_features(name: str, answers: Answers):
     """(answers, D): every answer's features as the head arm `name` reads them."""
-    from train.features import POOLINGS, layer_indices
+    from train.reward.features import POOLINGS, layer_indices
 
     fractions, pooling, *_ = HEAD_ARMS[name]
     layers = list(layer_indices(fractions, answers.states.shape[2] - 1))
@@ -199,7 +199,7 @@ def head_arm(name: str, answers: Answers, scored=None):
     """fit(votes) -> the held-out answers' rewards (or those of `scored`), for a head arm: raw, the MAP head's."""
     import torch
 
-    from train.head import fit_head
+    from train.reward.head import fit_head
 
     _, _, prior, posterior, noise_aware = HEAD_ARMS[name]
     features = arm_features(name, answers)
@@ -241,11 +241,11 @@ def lora_arm(answers: Answers, distilled: bool = False):
 
     import torch
 
-    from train.config import DEFAULT_MODEL, RewardModelConfig
-    from train.models import resolve_model_path
-    from train.reward import train_reward_model
-    from train.reward_model import load_reward_model
-    from train.snapshot import PreferenceRow
+    from train.common.config import DEFAULT_MODEL, RewardModelConfig
+    from train.common.models import resolve_model_path
+    from train.common.snapshot import PreferenceRow
+    from train.reward.lora import train_reward_model
+    from train.reward.versions import load_reward_model
 
     model_path = resolve_model_path(DEFAULT_MODEL)
     config = RewardModelConfig(eval_share=0.0)  # held out here: the held-out prompts' answers

@@ -33,8 +33,8 @@ from store.db import utcnow  # noqa: E402
 from store.gold import GOLD, mark_gold  # noqa: E402
 from store.pref_files import read_preference_file  # noqa: E402
 from store.preferences import add_preference_pairs  # noqa: E402
-from train.config import RewardModelConfig  # noqa: E402
-from train.snapshot import PreferenceRow  # noqa: E402
+from train.common.config import RewardModelConfig  # noqa: E402
+from train.common.snapshot import PreferenceRow  # noqa: E402
 
 HH_FILE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless-1800.jsonl.gz"
 ANNOTATORS = ["ann", "bob", "cid", "dee"]
@@ -83,8 +83,8 @@ def main() -> None:
     parser.add_argument("--no-train", action="store_true", help="Stop after the votes and the reliability: no reward models.")
     options = parser.parse_args()
 
-    from train.models import resolve_model_path
-    from train.reward import train_reward_model
+    from train.common.models import resolve_model_path
+    from train.reward.lora import train_reward_model
 
     judge = load_judge(options.judge)
     preferences = read_preference_file(HH_FILE)

@@ -51,11 +51,11 @@ from hypothesis import HealthCheck, given, seed, settings, strategies as st
 from hypothesis.errors import HypothesisDeprecationWarning
 
 from bench_serve import free_port
-from soak import PASSWORD, GradioSession, Refused, Tally, annotate, annotator_name, check_database, make_project, tiny_model
+from soak import PASSWORD, GradioSession, Tally, annotate, annotator_name, check_database, make_project, tiny_model
 from store.db import utcnow
 from store.jobs import next_queued, running_job_ids
 from store.rounds import running_round, scheduled_round_due
-from store.users import add_user, set_disabled
+from store.users import add_user
 from ui.owner import control
 from ui.owner.auth import hash_password
 from ui.owner.project import load_project

@@ -25,13 +25,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from store import open_database
 from store.prompts import Prompt
-from train.config import PPOConfig, RewardModelConfig
-from train.ppo import RewardScorer, build, position_ids
-from train.reward import build_model
-from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, read_reward_adapter
+from train.common.config import PPOConfig, RewardModelConfig
+from train.policy.ppo import RewardScorer, build, position_ids
+from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
+from train.reward.lora import build_model
+from train.reward.versions import read_reward_adapter
 from ui.cli import cli
-from ui.owner.jobs import WORKER_ENV, is_held_back
+from ui.owner.jobs import WORKER_ENV
 from ui.owner.project import init_project
+from ui.owner.round import is_held_back
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_PROMPTS = REPO / "scripts" / "demo_prompts.jsonl"

@@ -59,8 +59,8 @@ def test_tether_settings_prints_every_setting():
 
 def test_every_benchmark_script_is_described_in_benchmarks_md():
     text = BENCHMARKS.read_text(encoding="utf-8")
-    scripts = [*sorted((REPO / "scripts").glob("bench_*.py")), REPO / "scripts" / "soak.py",
-               REPO / "scripts" / "probe_reward_readings.py"]
+    scripts = [*sorted((REPO / "scripts").glob("bench_*.py")), REPO / "scripts" / "soak.py", REPO / "scripts" / "fuzz.py",
+               REPO / "scripts" / "crash.py"]
     missing = [s.name for s in scripts if f"scripts/{s.name}" not in text]
     assert not missing, f"not in scripts/BENCHMARKS.md: {missing}"
 

@@ -1,5 +1,6 @@
 """The packages import each other in one direction only: ui/web and ui/cli -> ui/owner -> annotate, train, store;
-annotate -> store and train's modules without torch. Only store/ touches DuckDB, and the owner knows nothing of Gradio or click."""
+annotate -> store and train's modules without torch. No module imports itself through others, at the top or inside
+a function. Only store/ touches DuckDB, and the owner knows nothing of Gradio or click."""
 
 import ast
 from pathlib import Path
@@ -12,7 +13,7 @@ from tests.conftest import REPO
 MAY_IMPORT = {
     "store": {"store"},
     "train": {"train"},
-    # train's modules without torch (train.snapshot, train.files): the export writes the preference
+    # train's modules without torch (train.common.snapshot, train.runtime.files): the export writes the preference
     # snapshot's shape and puts files in place as the worker does; tests/test_files.py checks they stay light.
     "annotate": {"annotate", "store", "train"},
     "ui.owner": {"ui.owner", "annotate", "train", "store"},
@@ -65,3 +66,54 @@ def test_only_store_imports_duckdb_and_the_owner_no_interface():
     assert duckdb and all(p.startswith("store/") for p in duckdb), duckdb
     interface = {str(p.relative_to(REPO)) for p in sources("ui.owner") if any(n.split(".")[0] in ("gradio", "click") for n in imports(p))}
     assert not interface, interface
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each of the project's modules, and the project's modules it imports (a name imported from a package counts as
+    its module where it is one)."""
+    modules = {module_of(path): path for part in OURS for path in (REPO / part).rglob("*.py")}
+    return {name: {m for m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A chain of imports that comes back to where it began, or None: a depth-first walk that meets a module on its
+    own path."""
+    done: set[str] = set()
+
+    def walk(path: list[str]) -> list[str] | None:
+        for name in sorted(graph[path[-1]]):
+            if name in path:
+                return path[path.index(name):] + [name]
+            if name not in done and (circle := walk(path + [name])):
+                return circle
+        done.add(path[-1])
+        return None
+
+    return next((circle for root in sorted(graph) if root not in done and (circle := walk([root]))), None)
+
+
+def test_no_module_imports_itself_through_others():
+    graph = import_graph()
+    assert len(graph) > 60 and sum(map(len, graph.values())) > 150
+    assert find_circle(graph) is None, " -> ".join(find_circle(graph))
+
+
+def test_the_circle_finder_finds_one_through_an_import_inside_a_function(tmp_path):
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def load():\n    from train.reward.lora import load_lora\n")
+    assert "train.reward.lora" in imports(lazy)
+
+
+def test_neither_kind_of_reward_model_imports_the_other():
+    """The two kinds meet only in train.reward.versions, which callers use to load either."""
+    graph = import_graph()
+    assert "train.reward.head" not in graph["train.reward.lora"] and "train.reward.lora" not in graph["train.reward.head"]
+    reaching = {name for name, targets in graph.items() if {"train.reward.lora", "train.reward.head"} <= targets}
+    assert reaching == {"train.reward.versions"}, reaching

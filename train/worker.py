@@ -8,7 +8,7 @@ and the owner marks the job failed with the tail of worker.log.
 
 Under `accelerate launch` (the owner starts it so when [worker] gpus is over 1) every process
 runs this same code on its share: generation and scoring split the prompts, reward-model
-training and PPO split each batch (train.distributed). Only the first process writes events,
+training and PPO split each batch (train.runtime.distributed). Only the first process writes events,
 artifacts and result.json, and only once every process has finished; a process that fails makes
 `accelerate launch` stop the others and exit non-zero, so the job fails.
 
@@ -32,11 +32,11 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train import distributed
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig, data_seed
-from train.errors import ModelError
-from train.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
-from train.snapshot import RankingRow, read_preferences, read_rankings
+from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig, data_seed
+from train.common.errors import ModelError
+from train.common.snapshot import read_preferences, read_rankings
+from train.runtime import distributed
+from train.runtime.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
 
 
 def whole_share(events: Events, done: int, share: int, whole: int) -> None:
@@ -50,8 +50,8 @@ def whole_share(events: Events, done: int, share: int, whole: int) -> None:
 def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Sample completions for the frozen prompts, scored by the reward model at config["reward_adapter_path"] when
     given; write completions.parquet."""
-    from train.generate import PromptTooLong, generate
-    from train.models import decode_steps_for, load_model
+    from train.common.models import decode_steps_for, load_model
+    from train.policy.generate import PromptTooLong, generate
 
     prompts = pq.read_table(input_path(job_dir, "prompts")).to_pylist()
     mine = distributed.shard(prompts)
@@ -91,17 +91,10 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
 
 def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Train a reward model of [reward_model] kind on the frozen preferences, and rankings where frozen beside them;
-    write it to reward_model/. With kind "auto", both kinds, in reward_model/head and reward_model/lora, and
-    steering.json naming the one that steers.
-
-    With config["warm_start"] ({"version", "adapter_path", "new_pair_ids", "new_ranking_ids"}) the LoRA model continues
-    from that version on the pairs and rankings it has not seen plus a replay sample; without, it starts from scratch.
-    With config["previous"] (the same keys) the head first measures that version's head on the votes it never saw.
-    """
-    from train.files import built_beside
-    from train.head import choose_steering
-    from train.reward import split_by_prompt
-    from train.reward_model import STEERING_FILE
+    write it to reward_model/ (train.reward.versions.fit_reward_model says what each kind makes there)."""
+    from train.common.models import resolve_model_path
+    from train.reward.versions import fit_reward_model
+    from train.reward.votes import split_by_prompt
 
     reward = RewardModelConfig(**config["reward_model"])
     rows = read_preferences(input_path(job_dir, "preferences"))
@@ -109,75 +102,22 @@ def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> d
         rows += read_rankings(input_path(job_dir, "rankings"))
     train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
     events.emit("started", rows_train=len(train_rows), rows_eval=len(eval_rows), reward_model=reward.kind)
-    out = job_dir / "reward_model"
-    if reward.kind == "head":
-        metrics = _train_head(config, reward, train_rows, eval_rows, out, _progress(events, 0, 1))
-    elif reward.kind == "lora":
-        metrics = _train_lora(config, reward, train_rows, eval_rows, out, _progress(events, 0, 1))
-    else:
-        with built_beside(out) as built:
-            head = _train_head(config, reward, train_rows, eval_rows, built / "head", _progress(events, 0, 0.1))
-            lora = _train_lora(config, reward, train_rows, eval_rows, built / "lora", _progress(events, 0.1, 1))
-            steering, why = choose_steering(head, lora)
-            (built / STEERING_FILE).write_text(json.dumps({"kind": steering, "why": why}) + "\n")
-        metrics = {**(head if steering == "head" else lora), "kind": "auto", "steering": steering, "steering_why": why,
-                   **{f"{kind}_{name}": m.get(name) for kind, m in (("head", head), ("lora", lora))
-                      for name in ("eval_accuracy", "pairs_eval", "new_votes_accuracy", "new_votes_pairs", "seconds")}}
-    return {"adapter": "reward_model", "metrics": metrics}
-
-
-def _progress(events: Events, start: float, end: float) -> Callable[[dict[str, Any]], None]:
-    """Progress events for a part of the job that runs from `start` to `end` of the whole."""
-    def progress(update: dict[str, Any]) -> None:
-        events.emit("progress", **update, progress=start + (end - start) * update["step"] / update["total_steps"])
-
-    return progress
-
-
-def _train_lora(config: dict[str, Any], reward: RewardModelConfig, train_rows: list, eval_rows: list, out: Path,
-                progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    from train.models import resolve_model_path
-    from train.reward import plan_warm_start, train_reward_model
-
-    warm_start = None
-    if start := config.get("warm_start"):
-        new_pair_ids, new_ranking_ids = set(start["new_pair_ids"]), set(start.get("new_ranking_ids", []))
-        warm_start = plan_warm_start(
-            Path(start["adapter_path"]), start["version"], train_rows, eval_rows,
-            lambda row: row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids,
-            reward.replay, reward.seed,
-        )
     base = ModelConfig(**config["model"])
-    return {"kind": "lora"} | train_reward_model(
-        resolve_model_path(base.name_or_path), train_rows, eval_rows, reward, out, progress, warm_start, base
+    metrics = fit_reward_model(
+        resolve_model_path(base.name_or_path), base, reward, train_rows, eval_rows, job_dir / "reward_model",
+        config.get("warm_start"), config.get("previous"), Path(config["features_cache"]) if config.get("features_cache") else None,
+        lambda update: events.emit("progress", **update),
     )
-
-
-def _train_head(config: dict[str, Any], reward: RewardModelConfig, train_rows: list, eval_rows: list, out: Path,
-                progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """The head fits pairs: a ranking is fitted as the pairs of its answers that are not tied."""
-    from train.head import Previous, train_head_model
-    from train.models import resolve_model_path
-    from train.reward import as_pairs
-
-    previous = None
-    if before := config.get("previous"):
-        new_pair_ids, new_ranking_ids = set(before["new_pair_ids"]), set(before.get("new_ranking_ids", []))
-        new = [row for row in train_rows + eval_rows
-               if (row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids)]
-        previous = Previous(Path(before["adapter_path"]), before["version"], as_pairs(new))
-    base = ModelConfig(**config["model"])
-    cache = Path(config["features_cache"]) if config.get("features_cache") else None
-    return train_head_model(resolve_model_path(base.name_or_path), as_pairs(train_rows), as_pairs(eval_rows), reward, out, base,
-                            cache, previous, progress)
+    return {"adapter": "reward_model", "metrics": metrics}
 
 
 def _scores(config: dict[str, Any], prompts: list, texts: list[str], on_scored: Callable[[int], None] | None = None):
     """(reward, each head's raw score) of each text, by the reward model at config["reward_adapter_path"]."""
     import torch
 
-    from train.models import resolve_model_path
-    from train.reward_model import load_reward_model, reward_and_uncertainty
+    from train.common.models import resolve_model_path
+    from train.reward.scores import reward_and_uncertainty
+    from train.reward.versions import load_reward_model
 
     reward = RewardModelConfig(**config["reward_model"])
     base = ModelConfig(**config["model"])
@@ -211,8 +151,8 @@ def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
 
 def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """PPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
-    from train.models import load_model
-    from train.ppo import train_ppo
+    from train.common.models import load_model
+    from train.policy.ppo import train_ppo
 
     ppo = PPOConfig(**config["ppo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
@@ -232,9 +172,9 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """DPO from the frozen policy (from v0 with [dpo] refit) on the frozen preferences and, given a reward model, on
     pairs it ranks among the policy's answers to the frozen prompts; write policy/."""
-    from train.dpo import train_dpo
-    from train.hardware import device
-    from train.models import load_model
+    from train.common.models import load_model
+    from train.policy.dpo import train_dpo
+    from train.runtime.hardware import device
 
     dpo = DPOConfig(**{"refit": False} | config["dpo"])  # a job written before refit continued its start
     human = read_preferences(input_path(job_dir, "preferences"))
@@ -254,10 +194,10 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 
 
 def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: ModelConfig, events: Events) -> list:
-    """The policy's dpo.candidates answers to each frozen prompt, ranked by the reward model: train.dpo.ranked_pairs."""
-    from train.dpo import ranked_pairs
-    from train.generate import generate
-    from train.models import decode_steps_for, load_model
+    """The policy's dpo.candidates answers to each frozen prompt, ranked by the reward model: train.policy.dpo.ranked_pairs."""
+    from train.common.models import decode_steps_for, load_model
+    from train.policy.dpo import ranked_pairs
+    from train.policy.generate import generate
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
     generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=data_seed(dpo))
@@ -277,10 +217,10 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
 
 def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
-    from train.grpo import train_grpo
-    from train.hardware import device
-    from train.models import load_model
-    from train.reward_model import read_reward_adapter
+    from train.common.models import load_model
+    from train.policy.grpo import train_grpo
+    from train.reward.versions import read_reward_adapter
+    from train.runtime.hardware import device
 
     grpo = GRPOConfig(**config["grpo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
@@ -298,16 +238,17 @@ def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str,
 
 
 def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Predict each candidate's win rate over the round's start (train.predict), or with config["average"] only their
-    average's (train.adapters.average_adapters, saved in "average"), the one the round registers: the start and each
+    """Predict each candidate's win rate over the round's start (train.policy.predict), or with config["average"] only their
+    average's (train.policy.adapters.average_adapters, saved in "average"), the one the round registers: the start and each
     policy predicted answer the frozen prompts, and the reward model at config["reward_adapter_path"] scores them."""
     import torch
 
-    from train.adapters import average_adapters, scale_adapter
-    from train.generate import generate, kl_to_base
-    from train.models import decode_steps_for, load_model
-    from train.predict import predict
-    from train.reward_model import read_normalization, reward_and_uncertainty, steering_dir
+    from train.common.models import decode_steps_for, load_model
+    from train.policy.adapters import average_adapters, scale_adapter
+    from train.policy.generate import generate, kl_to_base
+    from train.policy.predict import predict
+    from train.reward.layout import read_normalization, steering_dir
+    from train.reward.scores import reward_and_uncertainty
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
     generation = GenerationConfig(**config["generation"])
@@ -370,8 +311,8 @@ KL_BUDGET_TARGET = 0.9
 def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """Ask the judge model about each frozen pair, in both orders; write judgements.parquet (each pair's
     probability that a is better, both orders together and each alone)."""
-    from train.judge import PairToJudge, judge_pairs
-    from train.models import load_model
+    from train.common.models import load_model
+    from train.reward.judge import PairToJudge, judge_pairs
 
     table = pq.read_table(input_path(job_dir, "pairs")).to_pylist()
     pairs = [table[i] for i in distributed.shard(table)]
@@ -444,7 +385,7 @@ def _ancestors() -> list[int]:
 
 def peak_memory() -> dict[str, float]:
     """This process's peak resident memory, and on a GPU the most PyTorch's allocator held there, in GB: what
-    train.memory's estimate of the job is checked against."""
+    train.runtime.memory's estimate of the job is checked against."""
     peak = {"peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # kilobytes on Linux
     import torch
 

@@ -17,26 +17,26 @@ from store import StoreError
 from store.ai_votes import judge_annotator
 from store.db import utcnow
 from store.gold import agreed_pairs, gold_answers, import_gold_file, mark_gold
-from store.preferences import import_preference_file
-from store.prompts import import_prompt_file, prompts_to_generate
 from store.jobs import job_metrics
-from store.prompt_files import read_prompt_file
 from store.policies import get_policy
+from store.preferences import import_preference_file
+from store.prompt_files import read_prompt_file
+from store.prompts import import_prompt_file, prompts_to_generate
 from store.reward_models import get_reward_model
-from store.users import ROLES, check_new_user
 from store.status import project_counts
-from train.errors import ModelError
+from store.users import ROLES, check_new_user
+from train.common.errors import ModelError
 from ui.owner.auth import WeakPassword, hash_new_password
 from ui.owner.backup import restore
 from ui.owner.check import check_project
-from ui.owner.control import command_line_actor, run_action
 from ui.owner.config import OPTIMIZERS, SECTIONS, ConfigError, TetherConfig, settings_reference
-from ui.owner.jobs import (
-    evaluate_reward_model, run_to_end, scoring_kind, submit_generation, submit_judging, submit_ppo, submit_reward_training,
-    submit_scoring, trust_status,
-)
+from ui.owner.control import command_line_actor, run_action
+from ui.owner.history import round_report, round_summary
+from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_judging, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
-from ui.owner.rounds import roll_back, round_report, round_summary, run_round
+from ui.owner.rollback import roll_back
+from ui.owner.round import scoring_kind, submit_generation, submit_ppo, submit_reward_training, trust_status
+from ui.owner.round import run_round
 from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
 
 
@@ -773,7 +773,7 @@ def status(project_dir: Path):
     Example:
         tether status --project demo
     """
-    from train.hardware import describe_device, uses_bf16
+    from train.runtime.hardware import describe_device, uses_bf16
 
     project = load_project(project_dir)
     counts = project.run(project_counts)
@@ -821,9 +821,9 @@ def settings(section: str | None):
 
 
 def _expected_memory(project: Project, prompts: list) -> str:
-    """The round's expected peak memory (train.memory), or why it cannot be worked out."""
-    from train.memory import describe, round_memory  # torch and transformers take seconds to import
-    from train.hardware import detect_hardware, machine_memory_gb
+    """The round's expected peak memory (train.runtime.memory), or why it cannot be worked out."""
+    from train.runtime.hardware import detect_hardware, machine_memory_gb
+    from train.runtime.memory import describe, round_memory  # torch and transformers take seconds to import
 
     try:
         jobs, prompt_tokens, on_gpu = round_memory(project.config, project.config.round.optimizer, prompts)

@@ -1,7 +1,7 @@
 import torch
 
 from tests.conftest import load_plain
-from train.adapters import average_adapters, scale_adapter
+from train.policy.adapters import average_adapters, scale_adapter
 
 
 def lora_adapter(model_dir, out_dir, seed: int, shared_down: dict | None = None) -> dict[str, torch.Tensor]:

@@ -5,9 +5,9 @@ from contextlib import closing
 from pathlib import Path
 
 from store import open_database
-from train.config import DEFAULT_MODEL
-from train.models import resolve_model_path
 from tests.conftest import run_tether, set_settings
+from train.common.config import DEFAULT_MODEL
+from train.common.models import resolve_model_path
 
 
 def test_default_model_generates_clean_text(tmp_path):

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from annotate.agreement import flip_rate
-from train.config import DPOConfig, ModelConfig
-from train.dpo import MAX_LABEL_SMOOTHING, encode_pair, label_smoothing, ranked_pairs, train_dpo
-from train.models import load_model
-from train.snapshot import PreferenceRow
+from train.common.config import DPOConfig, ModelConfig
+from train.common.models import load_model
+from train.common.snapshot import PreferenceRow
+from train.policy.dpo import MAX_LABEL_SMOOTHING, encode_pair, label_smoothing, ranked_pairs, train_dpo
 
 PROMPTS = [[{"role": "user", "content": f"Say something about topic {i}."}] for i in range(8)]
 ROWS = [PreferenceRow(p, "music and light", "the end of the day", chosen_finished=True, rejected_finished=True) for p in PROMPTS]
@@ -189,8 +189,8 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
 
     from store import open_database
     from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, toy_preferences, vote_every_pair
-    from ui.owner.jobs import submit_dpo
     from ui.owner.project import load_project
+    from ui.owner.round import submit_dpo
 
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human", refit=False)
     set_settings(tiny_project, "reward_model", include_imported=True)
@@ -246,8 +246,8 @@ def test_a_refit_round_trains_a_new_adapter_from_v0_on_every_vote_so_far(tiny_pr
 
     from store import open_database
     from tests.conftest import held_back_ids, read_parquet, run_tether, set_settings, vote_every_pair, vote_on_demo_pairs
-    from train.jobdir import read_job
-    from train.snapshot import read_preferences
+    from train.common.snapshot import read_preferences
+    from train.runtime.jobdir import read_job
 
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="human")
     vote_on_demo_pairs(tiny_project)
@@ -305,9 +305,9 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
 
     from store import open_database
     from tests.conftest import held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_on_demo_pairs
-    from train.jobdir import read_job
-    from ui.owner.jobs import submit_dpo
+    from train.runtime.jobdir import read_job
     from ui.owner.project import load_project
+    from ui.owner.round import submit_dpo
 
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="both", prompts=6, candidates=3, confidence=0.5)

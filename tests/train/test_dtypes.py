@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from store import open_database
-from train.config import ModelConfig
-from train.reward_model import load_reward_model
 from tests.conftest import DEMO_PROMPTS, run_tether, save_tiny_llama, score_with_plain_peft, set_settings, toy_preferences, train_tokenizer
+from train.common.config import ModelConfig
+from train.reward.versions import load_reward_model
 from ui.owner.project import init_project
 
 

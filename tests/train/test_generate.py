@@ -10,13 +10,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorLis
 from store import open_database
 from store.policies import add_policy
 from store.prompts import prompts_to_generate
-from train.config import GenerationConfig, ModelConfig
-from train.errors import ModelError
-from train.generate import Sampler, generate
-from train.models import load_model
-from ui.owner.config import RoundConfig
-from ui.owner.jobs import is_held_back
 from tests.conftest import CHAT_PROMPTS, DEMO_PROMPTS, run_tether, set_settings, shipping_sampling_defaults
+from train.common.config import GenerationConfig, ModelConfig
+from train.common.errors import ModelError
+from train.common.models import load_model
+from train.policy.generate import Sampler, generate
+from ui.owner.config import RoundConfig
+from ui.owner.round import is_held_back
 
 def reference_greedy(model, tokenizer, messages, max_new_tokens, eos_ids):
     """One prompt at a time, no padding: plain transformers, the ground truth for batching."""
@@ -78,7 +78,7 @@ def test_sampling_returns_per_prompt_completions_grouped_by_prompt(tiny_model_di
     (1.3, 1.0, 0, 2.0, True),  # plain sampling, as PPO samples: the whole vocabulary
 ])
 def test_the_sampler_draws_from_the_distribution_transformers_samples_from(temperature, top_p, top_k, spread, past_the_candidates):
-    """Tether draws each token itself (train.generate.Sampler), faster on a CPU than transformers' warpers, from the
+    """Tether draws each token itself (train.policy.generate.Sampler), faster on a CPU than transformers' warpers, from the
     distribution their softmax gives: compared exactly, then 20,000 draws against it."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -214,7 +214,7 @@ def test_progress_is_reported_after_each_batch(tiny_model_dir):
 
 
 def test_kl_to_base_is_the_mean_log_ratio_of_each_answer_alone_and_0_for_a_fresh_adapter(tiny_model_dir):
-    from train.generate import Generated, kl_to_base
+    from train.policy.generate import Generated, kl_to_base
 
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     policy = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).eval()
@@ -254,7 +254,7 @@ def log_ratio(policy, tokenizer, answer, response: list[int], temperature: float
 def test_kl_to_base_reads_the_tokens_the_policy_sampled_not_their_text_encoded_again(tiny_model_dir):
     """The tiny model's answers never encode back to the tokens sampled, and their KL read -4.5 nats where a policy had
     moved: the KL budget held nothing. Its own samples are what the KL of a policy to the base is an expectation over."""
-    from train.generate import kl_to_base
+    from train.policy.generate import kl_to_base
 
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir)))
     policy = random_policy(model)
@@ -296,7 +296,7 @@ def folding(tiny_model_dir):
 
 
 def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_and_its_base_comes_back_bit_for_bit(folding):
-    from train.generate import end_of_turn_ids, lora_folded
+    from train.policy.generate import end_of_turn_ids, lora_folded
 
     policy, tokenizer, before, ids, unfolded = folding
     with torch.no_grad(), lora_folded(policy):
@@ -315,7 +315,7 @@ def test_a_policy_samples_with_its_lora_folded_the_tokens_it_samples_unfolded_an
 def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_samples_unfolded(folding, monkeypatch):
     from peft.tuners.lora import Linear
 
-    from train.generate import lora_folded
+    from train.policy.generate import lora_folded
 
     policy, _, before, ids, unfolded = folding
     delta = Linear.get_delta_weight
@@ -335,18 +335,18 @@ def test_a_fold_that_runs_out_of_memory_halfway_puts_back_what_it_folded_and_sam
 
 
 def test_without_free_memory_for_the_copy_a_policy_samples_through_its_adapter_unfolded(folding, monkeypatch):
-    import train.generate
-    from train.generate import lora_folded
+    import train.policy.generate
+    from train.policy.generate import lora_folded
 
     policy, _, before, ids, unfolded = folding
-    monkeypatch.setattr(train.generate, "free_bytes", lambda device: 1024)  # a machine out of memory, not a stand-in for the fold
+    monkeypatch.setattr(train.policy.generate, "free_bytes", lambda device: 1024)  # a machine out of memory, not a stand-in for the fold
     with torch.no_grad(), lora_folded(policy):
         assert torch.equal(policy(**ids).logits, unfolded)
         assert changed_weights(policy, before) == []
 
 
 def test_a_quantised_policy_samples_through_its_adapter_unfolded(tiny_model_dir):
-    from train.generate import lora_folded
+    from train.policy.generate import lora_folded
 
     model, tokenizer = load_model(ModelConfig(name_or_path=str(tiny_model_dir), quantization="8bit"))
     policy = random_policy(model)
@@ -378,7 +378,7 @@ def test_a_static_cache_samples_the_dynamic_ones_tokens_in_batches_of_one_size(t
 def test_auto_compiles_on_a_gpu_with_a_base_not_quantised_in_a_job_long_enough_to_pay_the_compile_back():
     from dataclasses import replace
 
-    from train.models import COMPILE_PAYS_FROM, compiles, decode_steps_for
+    from train.common.models import COMPILE_PAYS_FROM, compiles, decode_steps_for
 
     gpu = ModelConfig(device="cuda")
     assert compiles(gpu, COMPILE_PAYS_FROM) and not compiles(gpu, COMPILE_PAYS_FROM - 1)

@@ -9,9 +9,9 @@ from tests.conftest import (
     PPO_PROMPTS, first_token_probs, held_back_ids, load_plain, read_parquet, run_tether, set_settings, short_training,
     vote_on_demo_pairs,
 )
-from train.config import GRPOConfig
-from train.grpo import train_grpo
-from train.reward_model import load_reward_model, read_reward_adapter
+from train.common.config import GRPOConfig
+from train.policy.grpo import train_grpo
+from train.reward.versions import load_reward_model, read_reward_adapter
 
 
 def test_grpo_raises_the_probability_of_the_token_a_toy_reward_model_favours(peaked_model_dir, favoured, tmp_path):
@@ -65,8 +65,8 @@ def test_a_grpo_round_trains_a_reward_model_then_registers_the_next_policy(tiny_
 def test_grpos_reward_model_rides_on_the_policys_base_and_scores_as_rm_score_does(peaked_model_dir, favoured):
     from peft import get_peft_model
 
-    from train.adapters import policy_lora
-    from train.grpo import SharedReward
+    from train.policy.adapters import policy_lora
+    from train.policy.grpo import SharedReward
 
     model, tokenizer = load_plain(peaked_model_dir)
     peft_model = get_peft_model(model, policy_lora(None, 8, 16))  # as GRPOTrainer puts the policy's adapter on the base

@@ -3,9 +3,9 @@
 import torch
 from peft import LoraConfig, get_peft_model
 
-from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, pool, pooled_states, response_features
-from train.head import fit_head
-from train.reward_model import encode
+from train.reward.encoding import encode
+from train.reward.features import FeatureCache, FeatureSpec, cached_features, layer_indices, pool, pooled_states, response_features
+from train.reward.head import fit_head
 
 from tests.conftest import CHAT_PROMPTS, load_plain
 

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from tests.conftest import PPO_PROMPTS, first_token_probs, load_plain
-from train.config import PPOConfig, RewardModelConfig
-from train.features import FeatureSpec, response_features
-from train.head import Head, save_head
-from train.ppo import RewardScorer, build, reward_scores, train_ppo
-from train.reward_model import Normalization, load_reward_model, read_reward_adapter
+from train.common.config import PPOConfig, RewardModelConfig
+from train.policy.ppo import RewardScorer, build, reward_scores, train_ppo
+from train.reward.features import FeatureSpec, response_features
+from train.reward.head import Head, save_head
+from train.reward.scores import Normalization
+from train.reward.versions import load_reward_model, read_reward_adapter
 
 SPEC = FeatureSpec(layers=(0, 1, 2), pooling="mean", max_length=512)
 
@@ -37,8 +38,8 @@ def favoured_head(peaked_model_dir, tmp_path_factory):
 def test_ppo_grpo_and_rm_score_read_a_head_on_features_alike_without_a_reward_adapter(peaked_model_dir, favoured_head):
     from peft import get_peft_model
 
-    from train.adapters import policy_lora
-    from train.grpo import SharedReward
+    from train.policy.adapters import policy_lora
+    from train.policy.grpo import SharedReward
 
     token, reward_dir = favoured_head
     model, tokenizer = load_plain(peaked_model_dir)

@@ -12,11 +12,12 @@ from store.db import utcnow
 from store.queue import open_pairs
 from store.status import project_counts
 from tests.conftest import add_pairs, run_tether, set_settings, vote_through_queue
-from train.config import JudgeConfig, ModelConfig
-from train.judge import Encoder, PairToJudge, judge_pairs
-from train.models import load_model
-from ui.owner.jobs import JobError, submit_reward_training
+from train.common.config import JudgeConfig, ModelConfig
+from train.common.models import load_model
+from train.reward.judge import Encoder, PairToJudge, judge_pairs
+from ui.owner.jobs import JobError
 from ui.owner.project import load_project
+from ui.owner.round import submit_reward_training
 
 LONG = " ".join(f"word{i}" for i in range(300))
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
 from store.jobs import job_metrics, list_jobs
-from train.config import Hardware, ModelConfig, RewardModelConfig
-from train.memory import Estimator, fit_to_memory, model_shape, round_memory
-from train.models import from_pretrained, prepare_for_training
-from train.reward import build_model
-from ui.owner.jobs import job_dir
+from tests.conftest import DEMO_PROMPTS, run_tether, set_settings
+from train.common.config import Hardware, ModelConfig, RewardModelConfig
+from train.common.models import from_pretrained, prepare_for_training
+from train.reward.lora import build_model
+from train.runtime.memory import Estimator, fit_to_memory, model_shape, round_memory
+from ui.owner.project import job_dir
 from ui.owner.project import init_project, load_project
 
 
@@ -136,7 +136,7 @@ def test_status_says_why_it_cannot_estimate_a_model_whose_config_it_cannot_read(
 
 
 def llama_config(path, **sizes):
-    """A model directory holding only a Llama config.json: the shape is all train.memory reads."""
+    """A model directory holding only a Llama config.json: the shape is all train.runtime.memory reads."""
     path.mkdir()
     LlamaConfig(**sizes).save_pretrained(path)
     return path

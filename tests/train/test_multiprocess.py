@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_settings, toy_preferences
-from train.jobdir import read_events
-from ui.owner.jobs import run_job, submit_generation, submit_ppo, submit_reward_training, worker_command
+from train.runtime.jobdir import read_events
+from ui.owner.jobs import run_job, worker_command
 from ui.owner.project import load_project
+from ui.owner.round import submit_generation, submit_ppo, submit_reward_training
 
 pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
 

@@ -9,14 +9,16 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from train import batching
-from train.config import GenerationConfig, ModelConfig
-from train.errors import ModelError
-from train.generate import end_of_turn_ids, generate
-from train.models import load_model
-from train.ppo import sample
-from train.reward_model import Normalization, RewardModel, load_tokenizer
 from tests.conftest import CHAT_PROMPTS
+from train.common.config import GenerationConfig, ModelConfig
+from train.common.errors import ModelError
+from train.common.models import load_model
+from train.policy.generate import end_of_turn_ids, generate
+from train.policy.ppo import sample
+from train.reward.encoding import load_tokenizer
+from train.reward.lora import LoraRewardModel
+from train.reward.scores import Normalization
+from train.runtime import batching
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +51,7 @@ def test_scoring_halves_a_batch_that_runs_out_of_memory_with_the_same_scores(tin
     tokenizer = load_tokenizer(tiny_model_dir)
     classifier = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).eval()
     classifier.config.pad_token_id = tokenizer.pad_token_id
-    reward_model = RewardModel(classifier, tokenizer, Normalization([0.0], [1.0]), 64)
+    reward_model = LoraRewardModel(classifier, tokenizer, Normalization([0.0], [1.0]), 64)
     prompts, responses = [p for p in CHAT_PROMPTS for _ in range(3)], [f"answer number {i}" for i in range(9)]
     expected = reward_model.raw_scores(prompts, responses, batch_size=8)
     limit_memory(classifier.model)

@@ -10,10 +10,10 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from tests.conftest import DEMO_PROMPTS, PPO_PROMPTS, first_token_probs, load_plain, set_settings, shipping_sampling_defaults
-from train.config import ModelConfig, PPOConfig
-from train.generate import end_of_turn_ids
-from train.models import load_model
-from train.ppo import (
+from train.common.config import ModelConfig, PPOConfig
+from train.common.models import load_model
+from train.policy.generate import end_of_turn_ids
+from train.policy.ppo import (
     AdaptiveKL,
     RewardScorer,
     add_advantages,
@@ -32,7 +32,9 @@ from train.ppo import (
     trainable_parameters,
     update,
 )
-from train.reward_model import METRICS_FILE, NORMALIZATION_FILE, encode, read_reward_adapter
+from train.reward.encoding import encode
+from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
+from train.reward.versions import read_reward_adapter
 
 def one_step(wrapped, beta=0.1, prompts=PPO_PROMPTS * 4):
     model, tokenizer, config, scorer = wrapped
@@ -173,7 +175,7 @@ def test_the_value_loss_does_not_change_the_policy_step(peaked_model_dir, favour
 
 
 def test_gae_with_lambda_1_is_the_return_minus_the_value():
-    from train.ppo import Rollout
+    from train.policy.ppo import Rollout
 
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 0.0]])
@@ -374,7 +376,7 @@ def test_sampling_ignores_the_models_own_generation_config_so_the_first_ratio_is
 
 
 def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_length(peaked_model_dir, favoured, tmp_path):
-    from train.reward_model import load_reward_model
+    from train.reward.versions import load_reward_model
 
     reward_dir = reward_copy(favoured[1], tmp_path, max_length=14)
     model, tokenizer = load_plain(peaked_model_dir)
@@ -391,9 +393,9 @@ def test_ppo_scores_a_response_as_rm_score_does_prompt_cut_to_the_trained_max_le
 def test_ppo_grpo_and_rm_score_take_the_heads_mean_as_the_reward_and_their_spread_as_its_uncertainty(
         peaked_model_dir, favoured, tmp_path):
     from tests.conftest import token_reward_model
-    from train.config import GRPOConfig
-    from train.grpo import penalised_scores
-    from train.reward_model import load_reward_model
+    from train.common.config import GRPOConfig
+    from train.policy.grpo import penalised_scores
+    from train.reward.versions import load_reward_model
 
     candidates = first_token_probs(peaked_model_dir).topk(20).indices
     reward_dir = token_reward_model(peaked_model_dir, favoured[0], candidates, tmp_path / "rm", heads=(1.0, 0.5, 1.5, -0.5))
@@ -422,7 +424,7 @@ def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_mo
 
     from safetensors.torch import load_file, save_file
 
-    from train.errors import ModelError
+    from train.common.errors import ModelError
 
     broken = tmp_path / "rm-other-model"
     shutil.copytree(favoured[1], broken)
@@ -436,7 +438,7 @@ def test_a_reward_model_whose_adapter_fits_no_layer_is_refused_by_name(peaked_mo
 def test_the_optimiser_has_no_weight_decay_and_a_steps_prompts_are_distinct(wrapped):
     import random
 
-    from train.ppo import draw_prompts
+    from train.policy.ppo import draw_prompts
 
     optimizer = optimizer_for(wrapped[0], PPOConfig(learning_rate=1e-4))
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 0.0]
@@ -473,7 +475,7 @@ def test_beta_goes_on_from_the_policy_version(peaked_model_dir, favoured, tmp_pa
 
 def test_checkpointing_keeps_a_fraction_of_the_activations_and_updates_the_adapters_exactly_as_without(peaked_model_dir, favoured):
     """[ppo] gradient_checkpointing, with the model in eval mode: the same step, bit for bit in float32, for less memory."""
-    from train.ppo import RewardScorer
+    from train.policy.ppo import RewardScorer
 
     def built(checkpointing: bool):
         model, tokenizer = load_plain(peaked_model_dir)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from train.generate import Generated
-from train.predict import Prediction, bootstrap_interval, choose, predict, win_rate
+from train.policy.generate import Generated
+from train.policy.predict import Prediction, bootstrap_interval, choose, predict, win_rate
 
 
 def test_the_win_rate_is_each_prompts_share_of_won_answer_pairs_ties_half_averaged_over_prompts():

@@ -24,18 +24,19 @@ from tests.conftest import (
     DEMO_PROMPTS, PPO_PROMPTS, REPO, read_parquet, run_tether, score_with_plain_peft, set_settings, short_training, toy_preferences, vote_every_pair,
 )
 from tests.train.test_adapters import lora_adapter
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
-from train.dpo import train_dpo
-from train.errors import ModelError
-from train.generate import end_of_turn_ids
-from train.grpo import train_grpo
-from train.hardware import check_runs_here
-from train.jobdir import write_job
-from train.models import load_model, prepare_for_training
-from train.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo_step, trainable_parameters
-from train.reward import train_reward_model
-from train.reward_model import load_reward_model, read_reward_adapter, trained_config
-from train.snapshot import PreferenceRow
+from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.common.errors import ModelError
+from train.common.models import load_model, prepare_for_training
+from train.common.snapshot import PreferenceRow
+from train.policy.dpo import train_dpo
+from train.policy.generate import end_of_turn_ids
+from train.policy.grpo import train_grpo
+from train.policy.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo_step, trainable_parameters
+from train.reward.layout import trained_config
+from train.reward.lora import train_reward_model
+from train.reward.versions import load_reward_model, read_reward_adapter
+from train.runtime.hardware import check_runs_here
+from train.runtime.jobdir import write_job
 
 QUANTIZATIONS = ["4bit", "8bit"]
 DPO_PROMPTS = [[{"role": "user", "content": f"Say something about topic {i}."}] for i in range(8)]
@@ -266,7 +267,7 @@ def test_grpo_holds_one_copy_of_the_quantised_base(peaked_model_dir, favoured, t
 
 
 def test_where_bitsandbytes_cannot_quantise_on_this_cpu_the_setting_is_named(monkeypatch):
-    from train import hardware
+    from train.runtime import hardware
 
     monkeypatch.setattr(hardware, "_cpu_problem", lambda quantization: "no kernel for this CPU")
     with pytest.raises(ModelError, match=r'^\[model\] quantization = "8bit" does not run on this machine\'s CPU with bitsandbytes '

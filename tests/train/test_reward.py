@@ -8,19 +8,16 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import score_with_plain_peft
-from train.config import RewardModelConfig
-from train.errors import ModelError
-from train.reward import WarmStart, build_model, plan_warm_start, split_by_prompt, train_reward_model
-from train.reward_model import (
-    METRICS_FILE,
-    NORMALIZATION_FILE,
-    Normalization,
-    RewardModel,
-    encode,
-    encode_pairs,
-    load_reward_model,
-)
-from train.snapshot import PreferenceRow, RankingRow
+from train.common.config import RewardModelConfig
+from train.common.errors import ModelError
+from train.common.snapshot import PreferenceRow, RankingRow
+from train.reward.encoding import encode, encode_pairs
+from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
+from train.reward.lora import WarmStart, build_model, plan_warm_start, train_reward_model
+from train.reward.lora import LoraRewardModel
+from train.reward.scores import Normalization
+from train.reward.versions import load_reward_model
+from train.reward.votes import split_by_prompt
 
 WORDS = ["apple", "river", "stone", "cloud", "music", "light", "table", "green"]
 
@@ -104,7 +101,7 @@ def test_the_score_is_read_at_the_last_non_pad_token(tiny_model_dir):
     prompts = ["Hi?", [{"role": "user", "content": "Name a colour."}], "Why?"]
     responses = ["apple", "green, like a river in the light", "because"]
     heads = RewardModelConfig().heads
-    batched = RewardModel(model, tokenizer, Normalization([0.0] * heads, [1.0] * heads), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
+    batched = LoraRewardModel(model, tokenizer, Normalization([0.0] * heads, [1.0] * heads), 512).raw_scores(prompts, responses, batch_size=3)  # right-padded
 
     classifier = model.get_base_model()
     pad = tokenizer.pad_token_id
@@ -305,8 +302,8 @@ def test_a_warm_start_with_no_new_training_pairs_fails_clearly(trained, tiny_mod
 
 
 def test_the_heads_are_an_ensemble_each_fitted_to_its_own_resampling_and_the_reward_is_their_mean(trained, tiny_model_dir):
-    from train.reward import bootstrap_weights
-    from train.reward_model import reward_and_uncertainty
+    from train.reward.lora import bootstrap_weights
+    from train.reward.scores import reward_and_uncertainty
 
     rows, train, held, metrics, out_dir, progress = trained
     heads = TRAIN_CONFIG.heads
@@ -336,7 +333,7 @@ def test_the_heads_are_an_ensemble_each_fitted_to_its_own_resampling_and_the_rew
 
 
 def test_calibration_error_is_zero_for_a_calibrated_guess_and_large_for_an_overconfident_one():
-    from train.reward_model import calibration_error
+    from train.reward.scores import calibration_error
 
     # 70% sure every time, and right 7 times in 10: the chosen response is the one people voted for.
     calibrated = torch.tensor([0.7] * 7 + [0.3] * 3, dtype=torch.float64)
@@ -346,7 +343,7 @@ def test_calibration_error_is_zero_for_a_calibrated_guess_and_large_for_an_overc
 
 
 def test_the_label_noise_loss_is_bradley_terry_for_a_sure_label_and_counts_a_label_by_2c_minus_1():
-    from train.reward import label_noise_loss
+    from train.reward.votes import label_noise_loss
 
     margin = torch.linspace(-4, 4, 9, requires_grad=True)
     assert torch.allclose(label_noise_loss(margin, torch.ones(9)), -torch.nn.functional.logsigmoid(margin))
@@ -358,7 +355,7 @@ def test_the_label_noise_loss_is_bradley_terry_for_a_sure_label_and_counts_a_lab
 
 
 def test_plackett_luce_is_bradley_terry_at_two_answers_on_the_tiny_model_in_loss_and_gradients(tiny_model_dir):
-    from train.reward import plackett_luce_loss
+    from train.reward.lora import plackett_luce_loss
 
     model, tokenizer = build_model(str(tiny_model_dir), RewardModelConfig(lora_dropout=0.0))
     rows = toy_rows(prompts=4)
@@ -384,7 +381,7 @@ def test_plackett_luce_is_bradley_terry_at_two_answers_on_the_tiny_model_in_loss
 
 
 def test_plackett_luce_with_ties_shares_a_denominator_and_ignores_the_order_of_the_answers():
-    from train.reward import plackett_luce_loss
+    from train.reward.lora import plackett_luce_loss
 
     def lse(*x: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(torch.stack(x), dim=0)
@@ -402,7 +399,7 @@ def test_plackett_luce_with_ties_shares_a_denominator_and_ignores_the_order_of_t
 
 
 def test_plackett_luce_leaves_out_the_padding_of_a_shorter_ranking_in_loss_and_gradients():
-    from train.reward import plackett_luce_loss
+    from train.reward.lora import plackett_luce_loss
 
     three = torch.tensor([0.4, -0.3, 1.1], dtype=torch.float64, requires_grad=True)
     ranks = torch.tensor([2, 1, 2])  # the second answer best, the other two tied below it

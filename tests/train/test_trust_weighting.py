@@ -18,10 +18,10 @@ from store.preferences import add_preference_pairs
 from store.prompt_files import NewPrompt
 from tests.conftest import add_pairs
 from tests.train.test_reward import WORDS
-from train.config import RewardModelConfig
+from train.common.config import RewardModelConfig
+from train.common.snapshot import PreferenceRow
+from train.reward.lora import train_reward_model
 from ui.owner.project import init_project
-from train.reward import train_reward_model
-from train.snapshot import PreferenceRow
 
 CONFIG = RewardModelConfig(learning_rate=3e-4, epochs=2, batch_size=8, lora_dropout=0.0, max_length=48, seed=3, heads=1, eval_share=0.0)
 

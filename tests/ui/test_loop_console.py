@@ -11,15 +11,15 @@ from gradio_client import Client
 
 from store import open_database
 from store.completions import NewCompletion, NewPair, add_completions, add_pairs
-from store.jobs import add_job, add_metrics, finish_job
 from store.db import utcnow
+from store.jobs import add_job, add_metrics, finish_job
 from store.policies import add_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.rounds import add_round, finish_round, set_policy_to
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, app_client, run_tether, set_settings, short_training, vote_every_pair
+from ui.owner.history import round_history, round_warnings
 from ui.web.loop import CURVES
-from ui.owner.rounds import round_history, round_warnings
 
 PASSWORD = "password-123"
 

@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from train.config import GenerationConfig, Hardware
+from tests.conftest import RunningServer, add_users, app_client, free_port, run_tether, set_settings
+from train.common.config import GenerationConfig, Hardware
 from ui.owner.config import ConfigError, TetherConfig, load_config, write_config
 from ui.owner.project import ProjectError, init_project, load_project
-from tests.conftest import RunningServer, add_users, app_client, free_port, run_tether, set_settings
 
 
 def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
@@ -18,7 +18,7 @@ def test_init_writes_a_config_that_reads_back_and_policy_zero(tmp_path):
     assert "policies      v0" in status.stdout
     assert "model         HuggingFaceTB/SmolLM2-135M-Instruct" in status.stdout
     import torch
-    from train.hardware import uses_bf16
+    from train.runtime.hardware import uses_bf16
 
     if not torch.cuda.is_available():
         assert f"device        cpu: CPU with {os.cpu_count()} cores" in status.stdout

@@ -17,11 +17,11 @@ from annotate.queue import preference_spread
 from store import open_database
 from store.prompts import prompts_to_generate
 from store.reward_models import RewardModel
-from train.config import RewardModelConfig
-from train.jobdir import read_job
-from train.snapshot import PreferenceRow, read_preferences
-from ui.owner.jobs import is_held_back, steers, submit_generation
+from train.common.config import RewardModelConfig
+from train.common.snapshot import PreferenceRow, read_preferences
+from train.runtime.jobdir import read_job
 from ui.owner.project import load_project
+from ui.owner.round import is_held_back, steers, submit_generation
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
@@ -137,8 +137,8 @@ def test_a_reward_model_steers_once_the_version_it_continued_predicted_new_votes
 
 
 def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_version_on_them(tiny_project, tiny_model_dir, tmp_path):
-    from train.reward import split_by_prompt
-    from train.reward_model import load_reward_model
+    from train.reward.versions import load_reward_model
+    from train.reward.votes import split_by_prompt
 
     def rm_train() -> subprocess.CompletedProcess:
         return run_tether("rm", "train", "--include-imported", "--project", str(tiny_project))
@@ -257,10 +257,11 @@ def test_with_plackett_luce_each_ranking_trains_whole_its_pairs_stay_out_and_a_w
 
     from annotate.judges import concise
     from annotate.simulate import cast_votes
-    from train.reward import split_by_prompt
-    from train.snapshot import RankingRow, read_rankings
-    from ui.owner.jobs import run_to_end, submit_reward_training
+    from train.common.snapshot import RankingRow, read_rankings
+    from train.reward.votes import split_by_prompt
+    from ui.owner.jobs import run_to_end
     from ui.owner.project import load_project
+    from ui.owner.round import submit_reward_training
 
     set_settings(tiny_project, "queue", answers_per_task=4)
     set_settings(tiny_project, "reward_model", kind="lora", rankings="plackett_luce", batch_size=4, epochs=1)
@@ -380,7 +381,7 @@ def test_rm_train_fits_a_head_on_features_read_once_measures_the_last_head_on_ne
 
 
 def test_auto_steers_with_the_model_more_accurate_on_votes_neither_saw_and_switches_when_the_other_overtakes():
-    from train.head import choose_steering
+    from train.reward.versions import choose_steering
 
     def measured(accuracy: float, pairs: int = 40) -> dict:
         return {"eval_accuracy": accuracy, "pairs_eval": pairs}
@@ -392,8 +393,8 @@ def test_auto_steers_with_the_model_more_accurate_on_votes_neither_saw_and_switc
 
 
 def test_with_kind_auto_a_version_holds_both_models_and_the_one_steering_json_names_scores(tiny_project, tiny_model_dir, tmp_path):
-    from train.head import choose_steering
-    from train.reward_model import load_reward_model
+    from train.reward.versions import choose_steering
+    from train.reward.versions import load_reward_model
 
     set_settings(tiny_project, "reward_model", kind="auto", batch_size=4, epochs=1)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)

@@ -10,10 +10,12 @@ import pytest
 from store import StoreError, open_database
 from store.policies import add_policy, add_rollback
 from tests.conftest import add_pairs, run_tether, set_settings, vote_every_pair, wait_for, worker_pids
-from train.jobdir import RESULT_FILE
-from ui.owner.jobs import job_dir, run_job, submit_dpo
+from train.runtime.jobdir import RESULT_FILE
+from ui.owner.jobs import run_job
+from ui.owner.project import job_dir
 from ui.owner.project import load_project
-from ui.owner.rounds import roll_back
+from ui.owner.rollback import roll_back
+from ui.owner.round import submit_dpo
 
 
 @pytest.fixture

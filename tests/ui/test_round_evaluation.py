@@ -18,8 +18,10 @@ from store.prompts import add_prompts
 from store.reward_models import add_reward_model
 from store.rounds import add_round, finish_round, list_rounds, set_policy_to
 from tests.conftest import run_tether, set_settings
+from ui.owner.history import describe, round_history, round_summary, round_warnings
 from ui.owner.project import Project, init_project, load_project
-from ui.owner.rounds import describe, roll_back, round_history, round_summary, round_warnings, start_round
+from ui.owner.rollback import roll_back
+from ui.owner.round import start_round
 
 NEW, OLD, TIE = "new", "old", "tie"
 

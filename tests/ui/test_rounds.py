@@ -12,8 +12,9 @@ from store.prompts import Prompt
 from store.reward_models import RewardModel
 from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair, vote_on_demo_pairs
 from ui.owner.config import TetherConfig
-from ui.owner.jobs import is_held_back
-from ui.owner.rounds import choose_optimizer, repeated_trigram_share
+from ui.owner.history import repeated_trigram_share
+from ui.owner.round import is_held_back
+from ui.owner.round import choose_optimizer
 
 
 def test_the_held_back_prompts_are_a_stable_share_chosen_by_content():
@@ -80,8 +81,8 @@ def test_a_round_trains_a_reward_model_runs_ppo_and_queues_new_against_old_pairs
     assert {"score", "kl", "kl_to_start", "finished", "entropy", "response_length"} <= metrics
     from peft import PeftModel
 
-    from train.config import ModelConfig
-    from train.models import load_model
+    from train.common.config import ModelConfig
+    from train.common.models import load_model
 
     base, _ = load_model(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu"))
     model = PeftModel.from_pretrained(base, str(tiny_project / adapter))  # plain PEFT, no Tether code
@@ -264,7 +265,7 @@ def test_a_round_that_registers_the_average_of_its_candidates_serves_their_avera
     from safetensors.torch import load_file
 
     from store.policies import dpo_jobs_behind
-    from train.adapters import average_adapters
+    from train.policy.adapters import average_adapters
 
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human")

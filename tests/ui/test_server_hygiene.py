@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.conftest import add_pairs, add_users, app_client, free_port, set_settings
-from ui.web.app import Server, launch
 from ui.owner.project import load_project
+from ui.web.app import Server, launch
 
 PASSWORD = "password-123"
 

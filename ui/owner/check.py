@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 
 from store.db import Connection
 from store.integrity import NamedFiles, broken_references, named_files, unreadable_tables
-from train.files import PARTIAL, file_digests, partial_writes
-from train.jobdir import input_path
+from train.runtime.files import PARTIAL, file_digests, partial_writes
+from train.runtime.jobdir import input_path
 from ui.owner.config import ConfigError, read_config
 from ui.owner.project import CONFIG_FILE, Project
 from ui.owner.recovery import FEATURES_DIR, ORPHANED_DIR, VERSION_DIRS, written_folders

@@ -13,9 +13,9 @@ from typing import Any
 
 from annotate.queue import QueueConfig
 from store.input_files import ImportLimits
+from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.runtime.files import write_durably
 from ui.owner.auth import SignInLimits
-from train.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
-from train.files import write_durably
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.
 Choose the response that is more helpful, honest and harmless.

@@ -8,7 +8,7 @@ from typing import Any, Callable
 from store import Connection, open_database
 from store.integrity import holds_only_the_start
 from store.policies import add_policy, policy_versions
-from train.config import Hardware, ModelConfig
+from train.common.config import Hardware, ModelConfig
 from ui.owner.config import TetherConfig, read_config, settings_for, write_config
 
 CONFIG_FILE = "tether.toml"
@@ -39,6 +39,11 @@ class Project:
             return fn(con, *args)
 
 
+def job_dir(project: Project, job_id: int) -> Path:
+    """Where a job's frozen inputs, events, log and result are: the contract with its worker (train.runtime.jobdir)."""
+    return project.root / "jobs" / str(job_id)
+
+
 def init_project(root: Path, model: str | None = None, hardware: Hardware | None = None) -> Project:
     """Write tether.toml with settings for the hardware (found when not given) and create the database,
     with the starting model as policy version 0. The project's `profile` says which settings it chose."""
@@ -50,7 +55,7 @@ def init_project(root: Path, model: str | None = None, hardware: Hardware | None
     if model is not None and Path(model).exists():
         model = str(Path(model).resolve())  # so the project works from any directory
     if hardware is None:
-        from train.hardware import detect_hardware  # torch takes seconds to import; only init needs it
+        from train.runtime.hardware import detect_hardware  # torch takes seconds to import; only init needs it
 
         hardware = detect_hardware()
     config, profile = settings_for(hardware, ModelConfig(name_or_path=model) if model else ModelConfig())
@@ -80,10 +85,10 @@ def _as_init_left_it(path: Path) -> bool:
 
 
 def _fit_to_memory(config: TetherConfig, hardware: Hardware) -> list[str]:
-    """train.memory.fit_to_memory for the hardware; nothing where the model's config cannot be read here (a hub id
+    """train.runtime.memory.fit_to_memory for the hardware; nothing where the model's config cannot be read here (a hub id
     not yet downloaded), as `tether status` then says."""
-    from train.errors import ModelError
-    from train.memory import fit_to_memory
+    from train.common.errors import ModelError
+    from train.runtime.memory import fit_to_memory
 
     try:
         return fit_to_memory(config, config.round.optimizer, hardware.device == "cuda", hardware.memory_gb)

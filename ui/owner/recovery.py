@@ -21,14 +21,14 @@ from store.db import utcnow
 from store.jobs import Job, fail_interrupted, record_files, registered_adapter_paths, running_job_ids
 from store.queue import release_leases
 from store.rounds import fail_interrupted_rounds
-from train.files import file_digests, partial_writes, sync, sync_tree, write_durably
+from train.runtime.files import file_digests, partial_writes, sync, sync_tree, write_durably
 from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
 WORKER_PID_FILE = "worker.pid"
 ORPHANED_DIR = "orphaned"
 VERSION_DIRS = ("reward_models", "policies")
-FEATURES_DIR = "features"  # answers' features, read once by a head's jobs (train.features.FeatureCache)
+FEATURES_DIR = "features"  # answers' features, read once by a head's jobs (train.reward.features.FeatureCache)
 # Set only by the fault-injection tests: the name of an ingest step at which this process kills itself.
 KILL_AT_ENV = "TETHER_TEST_KILL_AT"
 
@@ -117,7 +117,7 @@ def reconcile(con: Connection, project: Project) -> list[str]:
 
 
 def written_folders(root: Path) -> list[Path]:
-    """The project's folders that things are put in place in whole (train.files.built_beside), and may be left half
+    """The project's folders that things are put in place in whole (train.runtime.files.built_beside), and may be left half
     built in by a process that was killed: the project itself, the versions' folders and the features cache's."""
     features = root / FEATURES_DIR
     return [folder for folder in (root, *(root / kind for kind in VERSION_DIRS), features, *features.glob("*/")) if folder.is_dir()]

@@ -13,10 +13,11 @@ from store import StoreError
 from store.db import utcnow
 from store.jobs import Job, cancel_if_queued, finish_job, get_job, next_queued
 from store.rounds import scheduled_round_due
-from train.jobdir import log_tail
-from ui.owner.jobs import POLL_SECONDS, Run, job_dir, run_job
+from train.runtime.jobdir import log_tail
+from ui.owner.jobs import POLL_SECONDS, Run, run_job
+from ui.owner.project import job_dir
 from ui.owner.project import Project
-from ui.owner.rounds import advance_round, start_round
+from ui.owner.round import advance_round, start_round
 
 
 class JobQueue:

@@ -26,9 +26,12 @@ from store.policies import Policy, copied_version, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
 from store.rounds import AVERAGE, Round, round_candidates
-from ui.owner.jobs import job_dir, prompts_to_pair, run_to_end, steers, submit_generation
+from ui.owner.history import RoundSummary, round_report, round_summary
+from ui.owner.jobs import run_to_end
+from ui.owner.project import job_dir
 from ui.owner.project import Project
-from ui.owner.rounds import STAGES, RoundSummary, round_report, round_summary, run_round
+from ui.owner.round import prompts_to_pair, steers, submit_generation
+from ui.owner.round import STAGES, run_round
 
 
 # Judged pairs per round, at the least: at a 60% win rate the Wilson 95% interval of 192 pairs is
@@ -249,8 +252,8 @@ def _trained(project: Project, summary: RoundSummary) -> str:
 
 def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, dict[str, float]]:
     """The peak resident memory in GB of each stage of a round (its largest job of that kind), as its worker measured it
-    and as train.memory expected it for the project's prompts."""
-    from train.memory import GB, round_memory
+    and as train.runtime.memory expected it for the project's prompts."""
+    from train.runtime.memory import GB, round_memory
 
     prompts = [p.messages for p in project.run(prompts_to_generate, 0, None)]
     expected = {job.job: job.peak / GB for job in round_memory(project.config, optimizer, prompts)[0]}
@@ -271,10 +274,10 @@ def _on_new_votes(project: Project, round_: Round) -> str:
 
 def sample_answers(project: Project, policy: Policy | Path, prompts: list[Messages], per_prompt: int, seed: int,
                    kl: bool = True) -> tuple[list, float | None]:
-    """per_prompt answers (train.generate.Generated) to each prompt from a policy version (or the adapter in a folder),
+    """per_prompt answers (train.policy.generate.Generated) to each prompt from a policy version (or the adapter in a folder),
     grouped by prompt, the same seed for every version; and, where `kl`, the policy's KL to the base on them."""
-    from train.generate import generate, kl_to_base  # torch and transformers take seconds to import
-    from train.models import decode_steps_for, load_model
+    from train.common.models import decode_steps_for, load_model
+    from train.policy.generate import generate, kl_to_base  # torch and transformers take seconds to import
 
     config = dataclasses.replace(project.config.generation, per_prompt=per_prompt, seed=seed)
     if isinstance(policy, Path):
@@ -295,8 +298,8 @@ def reward_model_follows_judge(project: Project, version: int, judge: Judge, pro
     """How closely a reward model's scores of a policy's answers follow the noiseless judge's: their Pearson
     correlation within each prompt (both less the prompt's mean: a Bradley-Terry reward is blind to a prompt's
     offset). None where either does not vary."""
-    from train.models import resolve_model_path  # torch and transformers take seconds to import
-    from train.reward_model import load_reward_model
+    from train.common.models import resolve_model_path  # torch and transformers take seconds to import
+    from train.reward.versions import load_reward_model
 
     base = project.config.model
     reward_model = load_reward_model(resolve_model_path(base.name_or_path), project.root / project.run(get_reward_model, version).adapter_path, base)

@@ -11,7 +11,7 @@ import gradio as gr
 
 from store import StoreError
 from store.db import NotSaved
-from train.errors import ModelError
+from train.common.errors import ModelError
 from ui.owner.auth import WeakPassword
 from ui.owner.jobs import JobError
 from ui.owner.server import Refused

@@ -2,7 +2,7 @@
 
 import gradio as gr
 
-from ui.owner.jobs import submit_generation
+from ui.owner.round import submit_generation
 from ui.owner.server import Server
 from ui.web.common import refused, user_errors, whole_number, with_error_ids
 

@@ -3,8 +3,8 @@
 import gradio as gr
 
 from store.jobs import get_job, list_jobs
-from train.jobdir import log_tail
-from ui.owner.jobs import job_dir
+from train.runtime.jobdir import log_tail
+from ui.owner.project import job_dir
 from ui.owner.server import Server
 from ui.web.common import QUIET, figure, progress_bar, refused, user_errors, whole_number, with_error_ids
 

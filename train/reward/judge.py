@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train.batching import in_batches
-from train.config import JudgeConfig
-from train.errors import ModelError
-from train.snapshot import Messages
+from train.common.config import JudgeConfig
+from train.common.errors import ModelError
+from train.common.snapshot import Messages
+from train.runtime.batching import in_batches
 
 LETTERS = ("A", "B")
 ELLIPSIS = "…"  # marks where a cut conversation or answer lost text

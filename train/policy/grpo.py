@@ -17,15 +17,15 @@ from typing import Any, Callable
 from accelerate.utils import set_seed
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train import distributed
-from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
-from train.batching import in_batches
-from train.config import GRPOConfig, data_seed
-from train.errors import ModelError
-from train.generate import Messages, lora_folded
-from train.models import prepare_for_training
-from train.ppo import RewardScorer, frozen_head, load_adapter_weights, shared_reward_scores
-from train.reward_model import RewardAdapter
+from train.common.config import GRPOConfig, data_seed
+from train.common.errors import ModelError
+from train.common.models import prepare_for_training
+from train.policy.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
+from train.policy.generate import Messages, lora_folded
+from train.policy.ppo import RewardScorer, frozen_head, load_adapter_weights, shared_reward_scores
+from train.reward.layout import RewardAdapter
+from train.runtime import distributed
+from train.runtime.batching import in_batches
 
 # What GRPOTrainer logs over a step (one batch of groups and its updates), under the names Tether
 # stores, which are PPO's where PPO has the same statistic. TRL's KL is the mean per token, where
@@ -113,8 +113,8 @@ def train_grpo(
     """Train the policy adapter on groups of responses to `prompts`, scored by `reward`; save it to out_dir
     as a plain PEFT adapter. Returns each step's metrics.
 
-    model is the base causal LM, without adapters (train.models.load_model gives it); reward is the
-    saved reward model taken apart (train.reward_model.read_reward_adapter), to ride on the same base.
+    model is the base causal LM, without adapters (train.common.models.load_model gives it); reward is the
+    saved reward model taken apart (train.reward.versions.read_reward_adapter), to ride on the same base.
     """
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.files import write_durably
+from train.runtime.files import write_durably
 
 JOB_FILE = "job.json"
 EVENTS_FILE = "events.jsonl"
@@ -26,7 +26,7 @@ RESULT_FILE = "result.json"
 OWNER_PID_ENV = "TETHER_OWNER_PID"
 # glibc raises its threshold for returning a freed block to the system as a process frees large blocks, up to
 # 32 MB, and then keeps a training step's freed temporaries in its heap: a reward-model step's peak resident
-# memory was 1.45 to 1.75 times what train.memory counts as alive (scripts/bench_memory.py). Holding the threshold at
+# memory was 1.45 to 1.75 times what train.runtime.memory counts as alive (scripts/bench_memory.py). Holding the threshold at
 # its starting value returns each block of 128 KiB or more as soon as it is freed ([worker] release_memory).
 ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 

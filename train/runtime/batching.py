@@ -5,7 +5,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from train.errors import ModelError
+from train.common.errors import ModelError
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train import distributed
-from train.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
-from train.config import DPOConfig, data_seed
-from train.errors import ModelError
-from train.models import prepare_for_training
-from train.snapshot import Messages, PreferenceRow
+from train.common.config import DPOConfig, data_seed
+from train.common.errors import ModelError
+from train.common.models import prepare_for_training
+from train.common.snapshot import Messages, PreferenceRow
+from train.policy.adapters import StepFn, StepLog, policy_lora, save_adapter, train_from, trainer_settings
+from train.runtime import distributed
 
 # What DPOTrainer logs at each step, under the names Tether stores: the loss, the implicit rewards
 # beta * log(pi / pi_ref) of the chosen and rejected responses, their margin, and the share of
@@ -101,7 +101,7 @@ def train_dpo(
     """Fit the policy adapter to preference rows; save it to out_dir as a plain PEFT adapter.
     Returns each step's metrics and the pairs used and left out.
 
-    model is the base causal LM, without adapters (train.models.load_model gives it).
+    model is the base causal LM, without adapters (train.common.models.load_model gives it).
     """
     from datasets import Dataset
     from trl import DPOConfig as TRLDPOConfig

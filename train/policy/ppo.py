@@ -12,7 +12,7 @@ The starting model v0 is the base with the adapters disabled, so no reference co
 
 Each step, in the order `ppo_step` runs it:
 1. rollout: sample one response per prompt from the policy at `temperature`, from exactly the
-   distribution the loss scores (train.models.load_model drops the model's own sampling defaults);
+   distribution the loss scores (train.common.models.load_model drops the model's own sampling defaults);
 2. evaluate: the policy's log-probs and values, the reference's log-probs, and the reward model's
    reward of each response's text (the mean of its heads' normalised scores), scored as `tether
    rm score` scores it, minus uncertainty_penalty times the heads' spread and the missing-EOS and
@@ -53,16 +53,19 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train import distributed
-from train.batching import in_batches
-from train.config import PPOConfig, data_seed
-from train.errors import ModelError
-from train.files import built_beside
-from train.features import FeatureSpec, pool
-from train.generate import end_of_turn_ids, lora_folded, sampling, selective_log_softmax
-from train.hardware import uses_bf16
-from train.models import checkpoint_in_eval_mode, prepare_for_training
-from train.reward_model import Normalization, RewardAdapter, encode, pad_right, read_reward_adapter, reward_and_uncertainty
+from train.common.config import PPOConfig, data_seed
+from train.common.errors import ModelError
+from train.common.models import checkpoint_in_eval_mode, prepare_for_training
+from train.policy.generate import end_of_turn_ids, lora_folded, sampling, selective_log_softmax
+from train.reward.encoding import encode, pad_right
+from train.reward.features import FeatureSpec, pool
+from train.reward.layout import RewardAdapter
+from train.reward.scores import Normalization, reward_and_uncertainty
+from train.reward.versions import read_reward_adapter
+from train.runtime import distributed
+from train.runtime.batching import in_batches
+from train.runtime.files import built_beside
+from train.runtime.hardware import uses_bf16
 
 Messages = list[dict[str, str]]
 StepFn = Callable[[dict[str, Any]], None]
@@ -132,7 +135,7 @@ def build(model: PreTrainedModel, reward: RewardAdapter, config: PPOConfig, poli
     0.51x the time on the default model. With GAE's lambda at 1 the value is only a baseline, which
     changes the gradient's variance but not its mean, and over a round's ten steps on the default
     model neither value explained any of the returns' variance: -0.09 with the adapter, -0.14 with
-    this head, within the steps' spread (scripts/probe_value.py, scripts/BENCHMARKS.md). The head
+    this head, within the steps' spread (probe_value.py, retired; scripts/BENCHMARKS.md). The head
     starts at zero: a copy of the reward model's head would read partial responses, which that head
     never saw in training: on the default model its values were off by about 2.8 normalised units
     (RMS) in the first step's update and 1.7 in the tenth's, so they added more noise to the
@@ -287,7 +290,7 @@ def adapter(model: PolicyWithHeads, name: str) -> Iterator[None]:
 @dataclass(frozen=True)
 class RewardScorer:
     """How the reward model reads a response: the tokenizer's chat template, its normalisation and its trained max_length,
-    and for a head on features (train.head), where it reads the base."""
+    and for a head on features (train.reward.head), where it reads the base."""
 
     tokenizer: PreTrainedTokenizerBase
     normalization: Normalization
@@ -555,7 +558,7 @@ def train_ppo(
     """Run config.steps PPO steps on batches drawn from prompts; save the policy adapter to out_dir.
 
     model is the base causal LM with a left-padding tokenizer whose pad differs from EOS
-    (train.models.load_model gives both). out_dir gets a standard PEFT adapter directory, built
+    (train.common.models.load_model gives both). out_dir gets a standard PEFT adapter directory, built
     beside it and renamed into place when complete. on_step gets each step's statistics and a
     few sampled responses. Returns the statistics of every step.
     """

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.generate import Generated
+from train.policy.generate import Generated
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
-"""Training the reward model: a LoRA adapter and K scalar heads on the base model, fitted Bradley-Terry style.
-
-The saved model, its encoding and its scores are train.reward_model's. The algorithm, in the order `train_reward_model` runs it:
+"""The LoRA reward model: a LoRA adapter and K scalar heads on the base model, fitted Bradley-Terry style, saved,
+loaded and scored. Its directory is train.reward.layout's; its encoding train.reward.encoding's. The algorithm, in the order `train_reward_model` runs it:
 1. split the preference rows by prompt, so no prompt is both trained on and held out; a prompt's
    side is fixed by its hash, so it is the same in every version;
 2. encode each response with its prompt through the chat template, the response as the assistant
@@ -22,7 +21,7 @@ The saved model, its encoding and its scores are train.reward_model's. The algor
    the training pairs from scratch; of the new and replayed ones warm-started), saved beside the
    adapter, so that (raw - mean) / std is comparable across reward-model versions;
 5. evaluate pairwise accuracy and calibration on the held-out prompts (a ranking as its untied pairs);
-6. save it as train.reward_model.save_reward_model does: a plain PEFT adapter directory with the
+6. save it as save_reward_model does: a plain PEFT adapter directory with the
    head, the tokenizer, the normalisation and the metrics.
 
 TRL's RewardTrainer drops every pair longer than its max_length (its help says "filtered out").
@@ -35,40 +34,30 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-from train import distributed
-from train.config import ModelConfig, RewardModelConfig
-from train.errors import ModelError
-from train.hardware import device, uses_bf16
-from train.models import prepare_for_training, trainable_in_float32
-from train.reward_model import (
-    EncodedPairs,
-    RewardModel,
-    encode_pairs,
-    load_adapter,
-    load_classifier,
-    load_tokenizer,
-    normalization_of,
-    read_normalization,
-    save_reward_model,
-    score_sequences,
-    trained_config,
-)
-from train.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
+from train.common.config import ModelConfig, RewardModelConfig
+from train.common.errors import ModelError
+from train.common.models import from_pretrained, prepare_for_training, set_pad_token, trainable_in_float32
+from train.common.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
+from train.reward.encoding import EncodedPairs, encode, encode_pairs, load_tokenizer, pad_right
+from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE, RewardAdapter, read_normalization, trained_config
+from train.reward.scores import Normalization, PairwiseResult, RewardModel, normalization_of, pairwise_result
+from train.reward.votes import Row, as_pairs, label_noise_loss
+from train.runtime import distributed
+from train.runtime.batching import in_batches
+from train.runtime.files import built_beside
+from train.runtime.hardware import device, uses_bf16
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 NORMALIZATION_PAIRS = 64
-
-Row = PreferenceRow | RankingRow  # what a reward model fits: a pair, or with [reward_model] rankings = "plackett_luce" a ranking
 
 
 @dataclass(frozen=True)
@@ -82,40 +71,7 @@ class WarmStart:
     replayed: list[Row]  # training rows it saw, fitted again so that it does not forget them
 
 
-# 1. Split
-
-
-def split_by_prompt(rows: list[Row], eval_share: float) -> tuple[list[Row], list[Row]]:
-    """(train, eval): the prompts whose hash falls below eval_share, with all their pairs, go to eval.
-
-    A prompt's side follows from its messages alone, not from the other rows, so it keeps its side
-    as votes come in: a warm-started version never trains on what an earlier one held out. Each
-    part keeps the rows' order. With eval_share > 0 and two or more prompts, each part gets at
-    least one prompt: if the hashes put all on one side, the prompt nearest the line crosses it.
-    """
-    by_prompt: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_prompt.setdefault(_prompt_key(row.prompt), []).append(i)
-    position = {key: _eval_position(key) for key in by_prompt}
-    held = {key for key, p in position.items() if p < eval_share}
-    if eval_share > 0 and len(position) >= 2:
-        if not held:
-            held = {min(position, key=position.get)}
-        elif len(held) == len(position):
-            held.remove(max(position, key=position.get))
-    eval_indices = {i for key in held for i in by_prompt[key]}
-    train = [row for i, row in enumerate(rows) if i not in eval_indices]
-    return train, [row for i, row in enumerate(rows) if i in eval_indices]
-
-
-def _eval_position(prompt_key: str) -> float:
-    """Where a prompt falls in [0, 1) for the held-out split: a fixed function of its messages.
-
-    The hash is salted so that the reward model's held-out prompts are independent of the prompts
-    rounds hold back from PPO (which use the plain content hash against their own share).
-    """
-    digest = hashlib.sha256(("reward-model-eval\n" + prompt_key).encode()).hexdigest()
-    return int(digest[:8], 16) / 16**8
+# 1. What a warm start fits
 
 
 def plan_warm_start(
@@ -139,17 +95,133 @@ def plan_warm_start(
     return WarmStart(Path(adapter_dir), version, new_train, [row for row in eval_rows if is_new(row)], replayed)
 
 
-def as_pairs(rows: list[Row]) -> list[PreferenceRow]:
-    """The rows as pairs, for pairwise accuracy: a ranking as the pairs of its answers that are not tied."""
-    return [pair for row in rows for pair in (row.pairs() if isinstance(row, RankingRow) else [row])]
+# 2. The model: a classifier with its adapter, scored, saved and loaded
 
 
-def _prompt_key(prompt: Messages) -> str:
-    """The canonical messages JSON, as prompts' content hashes are taken."""
-    return json.dumps(prompt, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+def load_classifier(model_path: str, tokenizer: PreTrainedTokenizerBase, base: ModelConfig, heads: int) -> PreTrainedModel:
+    """The base model, loaded as `base` says, as a sequence classifier with `heads` outputs and a float32 head."""
+    # TRL's helper quietens the expected "score.weight newly initialised, lm_head.weight unused".
+    from trl.trainer.reward_trainer import suppress_seqcls_warning
+
+    try:
+        with suppress_seqcls_warning():
+            model = from_pretrained(AutoModelForSequenceClassification, model_path, base, num_labels=heads)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load model {model_path!r}: {' '.join(str(e).split())}") from None
+    # The scalar head stays float32 on a bf16 or fp16 base, as PEFT keeps output layers for k-bit
+    # training, so that its small updates are not rounded away; it reads a float32 copy of the states.
+    model.score.float().register_forward_pre_hook(lambda head, args: (args[0].to(head.weight.dtype),))
+    set_pad_token(model, tokenizer)  # the classifier reads its score at the last token that is not config.pad_token_id
+    return model
 
 
-# 2. Model and fit
+@dataclass
+class LoraRewardModel(RewardModel):
+    """A LoRA reward model ready to score: `model` is the classifier with its adapter."""
+
+    def raw_scores(self, prompts: list[Messages | str], responses: list[str], batch_size: int = 16) -> list[list[float]]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        if not prompts:
+            return []
+        sequences = [encode(self.tokenizer, p, r, self.max_length).input_ids for p, r in zip(prompts, responses)]
+        return score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size)
+
+    def pairwise_accuracy(
+        self, rows: list[PreferenceRow], batch_size: int = 16, on_scored: Callable[[int], None] | None = None
+    ) -> PairwiseResult:
+        if not rows:
+            return pairwise_result(torch.empty(0, 0), torch.empty(0, 0), self.normalization, 0)
+        encoded = encode_pairs(self.tokenizer, rows, self.max_length)
+        sequences = encoded.chosen_ids + encoded.rejected_ids
+        raw = torch.tensor(score_sequences(self.model, self.tokenizer.pad_token_id, sequences, batch_size, on_scored), dtype=torch.float64)
+        return pairwise_result(raw[: len(rows)], raw[len(rows) :], self.normalization, encoded.truncated)
+
+
+@torch.inference_mode()
+def score_sequences(
+    model, pad_token_id: int, sequences: list[list[int]], batch_size: int, on_scored: Callable[[int], None] | None = None
+) -> list[float]:
+    """Each head's raw output at each sequence's last token, (N, K) in sequence order.
+
+    Batches hold sequences of like length (longest first) to spend little on padding, and one
+    that runs out of GPU memory is halved; they are right-padded, and the classifier reads the
+    last token that is not the pad token.
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+
+    def score(batch: list[int]) -> list[list[float]]:
+        input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)  # (B, T) each
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, K)
+        if on_scored is not None:
+            on_scored(len(batch))
+        return logits.float().tolist()
+
+    scores: list[list[float]] = [[] for _ in sequences]
+    for i, value in zip(order, in_batches(order, batch_size, score, "scoring")):
+        scores[i] = value
+    return scores
+
+
+def save_reward_model(
+    model, tokenizer, normalization: Normalization, metrics: dict[str, Any], config: RewardModelConfig, out_dir: Path
+) -> None:
+    """A standard PEFT adapter directory with the tokenizer, normalisation and metrics, put in place whole."""
+    with built_beside(out_dir) as built:
+        model.save_pretrained(built)  # adapter_config.json + adapter_model.safetensors, the score head included
+        tokenizer.save_pretrained(built)
+        (built / NORMALIZATION_FILE).write_text(json.dumps(asdict(normalization), indent=2) + "\n")
+        (built / METRICS_FILE).write_text(json.dumps({**metrics, "config": asdict(config)}, indent=2) + "\n")
+
+
+def load_adapter(
+    model_path: str, adapter_dir: Path, trainable: bool = False, base: ModelConfig | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved reward model's adapter and head on the base model loaded as `base` says; trainable to continue fitting them."""
+    from peft import PeftModel
+
+    tokenizer = load_tokenizer(adapter_dir)
+    classifier = load_classifier(model_path, tokenizer, base or ModelConfig(), trained_config(adapter_dir).get("heads", 1))  # versions before ensembles had one
+    if trainable:
+        classifier = prepare_for_training(classifier)
+    try:
+        model = PeftModel.from_pretrained(classifier, adapter_dir, is_trainable=trainable)
+    except (OSError, ValueError, RuntimeError) as e:  # e.g. an adapter made for another base model
+        raise ModelError(f"cannot load the reward model in {adapter_dir} on {model_path!r}: {' '.join(str(e).split())}") from None
+    return model, tokenizer
+
+
+def load_lora(model_path: str, adapter_dir: Path, base: ModelConfig) -> LoraRewardModel:
+    """A saved LoRA reward model, in eval mode, on the base model at model_path loaded as `base` says and on its device."""
+    model, tokenizer = load_adapter(model_path, Path(adapter_dir), base=base)
+    if base.quantization == "none":  # a quantised base is on its device already
+        model = model.to(device(base))
+    return LoraRewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
+
+
+def read_lora_adapter(adapter_dir: Path) -> RewardAdapter:
+    """A saved LoRA reward model taken apart: its adapter's settings and weights on a causal LM, its head, normalisation
+    and max_length."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    lora = LoraConfig.from_pretrained(str(adapter_dir))
+    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    head = next((v for k, v in weights.items() if k.endswith("score.weight")), None)
+    if head is None:
+        raise ModelError(f"{adapter_dir} is not a reward model: it has no score head")
+    return RewardAdapter(
+        path=adapter_dir,
+        lora=replace(lora, task_type="CAUSAL_LM", modules_to_save=None),
+        lora_weights={k: v for k, v in weights.items() if "lora_" in k},
+        head=head,
+        normalization=read_normalization(adapter_dir),
+        max_length=trained_config(adapter_dir)["max_length"],
+    )
+
+
+# 3. Fit
 
 
 def build_model(
@@ -210,14 +282,6 @@ def bootstrap_weights(row: Row, heads: int, seed: int) -> list[float]:
     key = json.dumps([seed, row.prompt, *ranked_answers(row)[0]], ensure_ascii=False)
     bits = int(hashlib.sha256(key.encode()).hexdigest(), 16)
     return [2.0 * ((bits >> k) & 1) for k in range(heads)]
-
-
-def label_noise_loss(margin: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
-    """-log(c sigmoid(margin) + (1 - c) sigmoid(-margin)): the likelihood of a label that is right with probability c.
-
-    At c = 1 it is Bradley-Terry's -log sigmoid(margin) exactly (log(1 - c) = -inf drops out of logaddexp).
-    """
-    return -torch.logaddexp(confidence.log() + F.logsigmoid(margin), torch.log1p(-confidence) + F.logsigmoid(-margin))
 
 
 def plackett_luce_loss(scores: torch.Tensor, ranks: torch.Tensor, present: torch.Tensor | None = None) -> torch.Tensor:
@@ -381,7 +445,7 @@ def collate_rows(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, tor
             "confidence": torch.tensor([row["confidence"] for row in rows])}
 
 
-# The whole run
+# 4. The whole run
 
 
 def train_reward_model(
@@ -399,7 +463,7 @@ def train_reward_model(
 
     From scratch it fits every train row; given warm_start, it continues from that reward model
     on warm_start's new and replayed rows. Either way the normalisation is taken over the rows it
-    fitted. model_path is a local model directory (train.models.resolve_model_path gives
+    fitted. model_path is a local model directory (train.common.models.resolve_model_path gives
     one) or a hub id. out_dir must not exist or be empty. It is built beside itself and renamed
     into place once complete, so a run that fails or is killed leaves no reward model behind.
     """
@@ -423,7 +487,7 @@ def train_reward_model(
         model, tokenizer = load_adapter(model_path, warm_start.adapter_dir, trainable=True, base=base)
         # The previous version as it was saved: did it agree with the people who voted since?
         adapter_dir = warm_start.adapter_dir
-        previous = RewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
+        previous = LoraRewardModel(model.eval(), tokenizer, read_normalization(adapter_dir), trained_config(adapter_dir)["max_length"])
         new_votes = previous.pairwise_accuracy(as_pairs(warm_start.new_train + warm_start.new_eval), config.batch_size * 2)
         fit_rows = warm_start.new_train + warm_start.replayed
     encoded = encode_pairs(tokenizer, train_rows, config.max_length)
@@ -442,7 +506,7 @@ def train_reward_model(
     sample = random.Random(config.seed).sample(range(len(fit_rows)), min(len(fit_rows), NORMALIZATION_PAIRS))
     sequences = [ids for i in sample for ids in (fitted.chosen_ids[i], fitted.rejected_ids[i], *fitted.more_ids[i])]
     normalization = normalization_of(score_sequences(model, tokenizer.pad_token_id, sequences, config.batch_size * 2))
-    held_out = RewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(as_pairs(eval_rows), config.batch_size * 2)
+    held_out = LoraRewardModel(model, tokenizer, normalization, config.max_length).pairwise_accuracy(as_pairs(eval_rows), config.batch_size * 2)
 
     tail = max(1, len(losses) // 10)  # the first and last tenth of the steps show whether the loss moved
     metrics = {

@@ -1,7 +1,7 @@
 """Features of a response read off the frozen base model: its hidden states, pooled over the response.
 
-A few-vote reward model (train.head) is a linear head on these. A response is encoded as the
-LoRA reward model encodes it (train.reward_model.encode: the prompt through the chat template,
+A few-vote reward model (train.reward.head) is a linear head on these. A response is encoded as
+either reward model encodes it (train.reward.encoding.encode: the prompt through the chat template,
 the response as the assistant turn closed by EOS, a prompt over max_length cut from its start),
 run through the base model with every adapter off, and read at chosen layers:
 - "mean": the mean of the layer's states over the response's tokens, its EOS included;
@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from train import distributed
-from train.batching import in_batches
-from train.files import built_beside
-from train.reward_model import encode, pad_right
-from train.snapshot import Messages
+from train.common.snapshot import Messages
+from train.reward.encoding import encode, pad_right
+from train.runtime import distributed
+from train.runtime.batching import in_batches
+from train.runtime.files import built_beside
 
 POOLINGS = ("mean", "last")
 

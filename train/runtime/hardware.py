@@ -10,8 +10,8 @@ import warnings
 
 import torch
 
-from train.config import Hardware, ModelConfig
-from train.errors import ModelError
+from train.common.config import Hardware, ModelConfig
+from train.common.errors import ModelError
 
 # transformers' own minimum for bitsandbytes quantisation (BITSANDBYTES_MIN_VERSION in transformers.utils.import_utils)
 BITSANDBYTES_MIN_VERSION = "0.46.1"

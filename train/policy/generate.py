@@ -8,10 +8,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.batching import in_batches
-from train.config import GenerationConfig
-from train.errors import ModelError
-from train.hardware import free_bytes
+from train.common.config import GenerationConfig
+from train.common.errors import ModelError
+from train.runtime.batching import in_batches
+from train.runtime.hardware import free_bytes
 
 Messages = list[dict[str, str]]
 
@@ -167,7 +167,7 @@ def lora_folded(model) -> Iterator[None]:
     Sampling through the unfolded LoRA halved generation's speed on a GPU (scripts/BENCHMARKS.md): two small matmuls
     a layer at every token. A fold and an unfold are not exact in floating point, and the reference and the reward
     model read the same base, so the touched weights are copied first and copied back after. That copy needs the
-    touched weights' size again, from memory the round's expected peak (train.memory) leaves free: where it is not
+    touched weights' size again, from memory the round's expected peak (train.runtime.memory) leaves free: where it is not
     free, or the fold runs out of memory halfway, the model samples through the adapter as it is, as it does on a
     quantised base, which cannot take the fold.
     """

@@ -19,9 +19,9 @@ job. A job holds, at its largest moment:
 - on the CPU, the blocks glibc keeps for reuse (GLIBC_KEPT; with checkpointing, CHECKPOINTED_KEPT),
   unless [worker] release_memory.
 Not counted: the copy of the block weights that sampling from an adapter takes where memory is free
-beyond this peak (train.generate.lora_folded), and skips where it is not.
+beyond this peak (train.policy.generate.lora_folded), and skips where it is not.
 Quantising a base as it loads reads its whole safetensors file through a map beside the quantised
-copy, so on the CPU the file's bytes count once more while it loads (train.models then closes
+copy, so on the CPU the file's bytes count once more while it loads (train.common.models then closes
 the map); a base that is not quantised is loaded in place.
 
 These counts were checked against PyTorch's own record of the tensors a backward pass keeps
@@ -198,7 +198,7 @@ class Estimator:
 
     def reading(self) -> float:
         """What reading a batch of answers' features keeps, without gradients: the hidden states at the layers a head reads
-        (as train.features.layer_indices picks them) and the one being computed, and the last logits."""
+        (as train.reward.features.layer_indices picks them) and the one being computed, and the last logits."""
         rm = self.config.reward_model
         length = min(rm.max_length, self.prompt_tokens + self.config.generation.max_new_tokens)
         sequences = 2 * rm.batch_size  # as many as a training batch's responses
@@ -285,13 +285,13 @@ def describe(jobs: list[JobMemory], prompt_tokens: int, on_gpu: bool, available_
 
 
 def round_memory(config, optimizer: str, prompts: list, on_gpu: bool | None = None) -> tuple[list[JobMemory], int, bool]:
-    """The expected peak of each job of a round with `optimizer`, for a project's settings (train.config sections
+    """The expected peak of each job of a round with `optimizer`, for a project's settings (train.common.config sections
     under .model, .generation, .reward_model, .ppo, .dpo and .grpo) and chat prompts; the prompt length it assumed,
     and whether the jobs run on a GPU ([model] device unless said). The prompts count at their longest, or with
     none yet, at the longest [reward_model] max_length leaves beside a response of [generation] max_new_tokens."""
-    from train.hardware import device
-    from train.models import resolve_model_path
-    from train.reward_model import load_tokenizer
+    from train.common.models import resolve_model_path
+    from train.reward.encoding import load_tokenizer
+    from train.runtime.hardware import device
 
     path = resolve_model_path(config.model.name_or_path)
     if prompts:
