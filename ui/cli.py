@@ -35,8 +35,7 @@ from ui.owner.history import round_report, round_summary
 from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_judging, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rollback import roll_back
-from ui.owner.round import scoring_kind, submit_generation, submit_ppo, submit_reward_training, trust_status
-from ui.owner.round import run_round
+from ui.owner.round import run_round, scoring_kind, submit_generation, submit_ppo, submit_reward_training, trust_status
 from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
 
 

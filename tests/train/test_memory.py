@@ -12,8 +12,7 @@ from train.common.config import Hardware, ModelConfig, RewardModelConfig
 from train.common.models import from_pretrained, prepare_for_training
 from train.reward.lora import build_model
 from train.runtime.memory import Estimator, fit_to_memory, model_shape, round_memory
-from ui.owner.project import job_dir
-from ui.owner.project import init_project, load_project
+from ui.owner.project import init_project, job_dir, load_project
 
 
 def estimator(project_root, reward_model: RewardModelConfig | None = None, **model) -> Estimator:

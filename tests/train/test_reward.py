@@ -13,8 +13,7 @@ from train.common.errors import ModelError
 from train.common.snapshot import PreferenceRow, RankingRow
 from train.reward.encoding import encode, encode_pairs
 from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE
-from train.reward.lora import WarmStart, build_model, plan_warm_start, train_reward_model
-from train.reward.lora import LoraRewardModel
+from train.reward.lora import LoraRewardModel, WarmStart, build_model, plan_warm_start, train_reward_model
 from train.reward.scores import Normalization
 from train.reward.versions import load_reward_model
 from train.reward.votes import split_by_prompt

@@ -17,8 +17,7 @@ from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, ap
 from train.runtime.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
 from train.worker import NICENESS
 from ui.owner.jobs import WORKER_ENV, run_job
-from ui.owner.project import job_dir
-from ui.owner.project import load_project
+from ui.owner.project import job_dir, load_project
 from ui.owner.round import submit_generation
 
 pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers

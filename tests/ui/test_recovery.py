@@ -22,8 +22,7 @@ from store.jobs import add_job, get_job
 from tests.conftest import DEMO_PROMPTS, run_tether, set_settings, toy_preferences
 from ui.owner import recovery
 from ui.owner.jobs import run_job
-from ui.owner.project import job_dir
-from ui.owner.project import init_project, load_project
+from ui.owner.project import init_project, job_dir, load_project
 from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV, record_worker
 from ui.owner.round import submit_reward_training
 from ui.web.app import Server

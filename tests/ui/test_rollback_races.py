@@ -12,8 +12,7 @@ from store.policies import add_policy, add_rollback
 from tests.conftest import add_pairs, run_tether, set_settings, vote_every_pair, wait_for, worker_pids
 from train.runtime.jobdir import RESULT_FILE
 from ui.owner.jobs import run_job
-from ui.owner.project import job_dir
-from ui.owner.project import load_project
+from ui.owner.project import job_dir, load_project
 from ui.owner.rollback import roll_back
 from ui.owner.round import submit_dpo
 

@@ -13,8 +13,7 @@ from store.reward_models import RewardModel
 from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_every_pair, vote_on_demo_pairs
 from ui.owner.config import TetherConfig
 from ui.owner.history import repeated_trigram_share
-from ui.owner.round import is_held_back
-from ui.owner.round import choose_optimizer
+from ui.owner.round import choose_optimizer, is_held_back
 
 
 def test_the_held_back_prompts_are_a_stable_share_chosen_by_content():
@@ -154,18 +153,25 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
         (dpo,) = con.execute("SELECT id FROM jobs WHERE kind = 'dpo'").fetchone()
         kl_to_v0, chosen, verdict = con.execute("SELECT kl_to_v0, chosen, verdict FROM candidates").fetchone()
     # Cut in proportion, to 0.9 of the budget: the same candidate as the unbounded round's, so its step's KL is `whole`.
+    # The cut's KL is then measured again, on fresh answers. It need not fall in proportion, nor at all: on the tiny
+    # model, over 8 DPO seeds, it read 0.37 to 1.29 of the whole step's (0.37 to 1.00 at 32 answers a prompt).
     scale = KL_BUDGET_TARGET * budget / whole
-    assert f"at {scale:.2g} of its step from v0 (the whole step: {whole:.1f} nats)" in verdict and kl_to_v0 < whole
-    if kl_to_v0 > budget:  # measured again on fresh answers, the cut may still be over: then nothing is registered
+    assert f"at {scale:.2g} of its step from v0 (the whole step: {whole:.1f} nats)" in verdict and kl_to_v0 != whole
+    trained = load_file(tiny_project / "jobs" / str(dpo) / "policy" / "adapter_model.safetensors")
+    assert any("lora_B" in key for key in trained)
+
+    def the_step_cut(adapter) -> bool:  # the same step from v0, shorter: every B scaled alike, A as it was
+        return adapter.keys() == trained.keys() and all(
+            torch.equal(adapter[key], weights * scale if "lora_B" in key else weights) for key, weights in trained.items())
+
+    if kl_to_v0 > budget:  # still over the budget: nothing is registered, and the cut stays in the predictor's job
         assert not chosen and verdict.startswith("over the KL budget") and "nothing registered" in done.stdout
+        (cut,) = tiny_project.glob("jobs/*/within-budget-1/adapter_model.safetensors")
+        assert the_step_cut(load_file(cut))
         return
     assert chosen and f"at {scale:.2g} of its step from v0, within [round] kl_budget" in done.stdout
     project = load_project(tiny_project)
-    registered = load_file(tiny_project / project.run(get_policy, None).adapter_path / "adapter_model.safetensors")
-    trained = load_file(tiny_project / "jobs" / str(dpo) / "policy" / "adapter_model.safetensors")
-    assert registered.keys() == trained.keys() and any("lora_B" in k for k in trained)
-    for key, weights in trained.items():  # the same step from v0, shorter: every B scaled alike, A as it was
-        assert torch.equal(registered[key], weights * scale if "lora_B" in key else weights)
+    assert the_step_cut(load_file(tiny_project / project.run(get_policy, None).adapter_path / "adapter_model.safetensors"))
 
 
 def test_auto_runs_dpo_until_the_reward_model_steers_then_its_trusted_optimizer_and_says_why(tiny_project):

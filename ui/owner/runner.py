@@ -15,8 +15,7 @@ from store.jobs import Job, cancel_if_queued, finish_job, get_job, next_queued
 from store.rounds import scheduled_round_due
 from train.runtime.jobdir import log_tail
 from ui.owner.jobs import POLL_SECONDS, Run, run_job
-from ui.owner.project import job_dir
-from ui.owner.project import Project
+from ui.owner.project import Project, job_dir
 from ui.owner.round import advance_round, start_round
 
 

@@ -28,10 +28,8 @@ from store.reward_models import get_reward_model
 from store.rounds import AVERAGE, Round, round_candidates
 from ui.owner.history import RoundSummary, round_report, round_summary
 from ui.owner.jobs import run_to_end
-from ui.owner.project import job_dir
-from ui.owner.project import Project
-from ui.owner.round import prompts_to_pair, steers, submit_generation
-from ui.owner.round import STAGES, run_round
+from ui.owner.project import Project, job_dir
+from ui.owner.round import STAGES, prompts_to_pair, run_round, steers, submit_generation
 
 
 # Judged pairs per round, at the least: at a 60% win rate the Wilson 95% interval of 192 pairs is
