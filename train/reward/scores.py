@@ -96,7 +96,7 @@ class RewardModel(ABC):
     @abstractmethod
     def pairwise_accuracy(
         self, rows: list[PreferenceRow], batch_size: int = 16, on_scored: Callable[[int], None] | None = None
-    ) -> "PairwiseResult":
+    ) -> PairwiseResult:
         """How often the chosen response scores above the rejected one; a tie counts as wrong.
 
         on_scored, if given, is called with the number of sequences scored after each batch (two per pair).
