@@ -72,16 +72,19 @@ def votes_with_a_coin_flipper(project, seed: int) -> tuple[dict, dict[bool, list
 def test_weighting_by_trust_beats_the_plain_majority_and_flags_the_coin_flipper(tiny_model_dir, tmp_path):
     """Over several draws of the votes, since one draw's difference is within the noise of 300 held-out pairs."""
     flag_below = QueueConfig().flag_reliability_below
-    accuracy, flagged = {False: [], True: []}, []
+    accuracy, lowest, flagged = {False: [], True: []}, [], []
     for seed in range(5):
         project = tmp_path / f"p{seed}"
         init_project(project, str(tiny_model_dir))
         reliability, rows = votes_with_a_coin_flipper(project, seed)
-        assert min(reliability.values(), key=lambda r: r.reliability).annotator == "dee", reliability
+        lowest.append(min(reliability.values(), key=lambda r: r.reliability).annotator)
         flagged.append([r.annotator for r in reliability.values() if r.reliability < flag_below])
         for weighted, train_rows in rows.items():
             metrics = train_reward_model(str(tiny_model_dir), train_rows, held_out_rows(), CONFIG, tmp_path / f"rm-{seed}-{weighted}")
             accuracy[weighted].append(metrics["eval_accuracy"])
     assert sum(accuracy[True]) > sum(accuracy[False]), accuracy
-    # About 23 gold answers each tell a coin (0.5) from a careful person (0.7 to 0.8) most of the time, not always.
-    assert flagged.count(["dee"]) >= 4, flagged
+    # About 23 gold answers each tell a coin (0.5) from a careful person (0.7 to 0.8) most of the time, not always: over
+    # 65 draws the coin flipper was the least reliable in 64 and the only one flagged in 55 (85%). The queue's draws
+    # follow the clock too, so a draw is not the same on every run: 2 of 5 flagged, or 4 of 5 the least reliable, each
+    # fails about one run in 450.
+    assert lowest.count("dee") >= 4 and flagged.count(["dee"]) >= 2, (lowest, flagged)
