@@ -84,7 +84,7 @@ def test_weighting_by_trust_beats_the_plain_majority_and_flags_the_coin_flipper(
             accuracy[weighted].append(metrics["eval_accuracy"])
     assert sum(accuracy[True]) > sum(accuracy[False]), accuracy
     # About 23 gold answers each tell a coin (0.5) from a careful person (0.7 to 0.8) most of the time, not always: over
-    # 65 draws the coin flipper was the least reliable in 64 and the only one flagged in 55 (85%). The queue's draws
-    # follow the clock too, so a draw is not the same on every run: 2 of 5 flagged, or 4 of 5 the least reliable, each
-    # fails about one run in 450.
+    # 65 draws the coin flipper was the least reliable in 64 and the only one flagged in 55 (85%). A seed's draw is not
+    # the same on every run (in one suite run seeds 0 and 1 flagged nobody, which alone flag the coin flipper): 2 of 5
+    # flagged, or 4 of 5 the least reliable, each fails about one run in 450.
     assert lowest.count("dee") >= 4 and flagged.count(["dee"]) >= 2, (lowest, flagged)
