@@ -32,8 +32,8 @@ from store.ai_votes import AI
 from store.export import CastVote, VotedPair, voted_pairs
 from store.gold import gold_answers
 from store.rankings import ranked_task_pairs, stored_rankings
+from train.common.files import built_beside
 from train.common.snapshot import ID_COLUMNS, MESSAGES, SCHEMA, PreferenceRow, RankingRow, assistant, conversational
-from train.runtime.files import built_beside
 
 # Explicit column types, so that a column that happens to be all null (no policy versions for
 # imported completions, no strengths) keeps its type in Parquet and in a datasets directory.

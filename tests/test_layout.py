@@ -13,7 +13,7 @@ from tests.conftest import REPO
 MAY_IMPORT = {
     "store": {"store"},
     "train": {"train"},
-    # train's modules without torch (train.common.snapshot, train.runtime.files): the export writes the preference
+    # train's modules without torch (train.common.snapshot, train.common.files): the export writes the preference
     # snapshot's shape and puts files in place as the worker does; tests/test_files.py checks they stay light.
     "annotate": {"annotate", "store", "train"},
     "ui.owner": {"ui.owner", "annotate", "train", "store"},
@@ -21,6 +21,9 @@ MAY_IMPORT = {
     "ui.cli": {"ui.owner", "annotate", "train", "store", "ui.web"},
 }
 OURS = ("store", "train", "annotate", "ui")
+
+# train's parts, lowest first: each imports from those before it and itself, never from one after it.
+TRAIN_LAYERS = ("train.common", "train.runtime", "train.reward", "train.policy", "train.worker")
 
 
 def imports(path: Path) -> set[str]:
@@ -57,6 +60,20 @@ def test_each_part_imports_only_what_it_may(part):
         if name.split(".")[0] in OURS and (target := part_of(name)) is not None and target not in MAY_IMPORT[part]
     }
     assert not wrong, sorted(wrong)
+
+
+def test_train_imports_nothing_from_a_layer_above():
+    """A module of one of TRAIN_LAYERS imports nothing of a later one, at the top or inside a function."""
+    subpackages = {f"train.{p.parent.name}" for p in (REPO / "train").glob("*/__init__.py")}
+    assert subpackages <= set(TRAIN_LAYERS), f"add {sorted(subpackages - set(TRAIN_LAYERS))} to TRAIN_LAYERS"
+    upward = []
+    for rank, layer in enumerate(TRAIN_LAYERS):
+        for path in sources(layer):
+            names = imports(path)
+            modules = {name for name in names if name.rpartition(".")[0] not in names}  # not each name taken from one
+            upward += [f"{path.relative_to(REPO)} ({layer}) imports {name}" for name in sorted(modules)
+                       if any(name == above or name.startswith(above + ".") for above in TRAIN_LAYERS[rank + 1:])]
+    assert not upward, "\n".join(upward)
 
 
 def test_only_store_imports_duckdb_and_the_owner_no_interface():

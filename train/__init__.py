@@ -3,9 +3,12 @@
     worker.py   the entry point, `python -m train.worker JOB_DIR`: reads the job, runs it, writes its result
     reward/     reward models, of two kinds behind one face (reward.versions), and the AI judge
     policy/     the policy's optimisers (PPO, DPO, GRPO), sampling from it, and the predictor of a round's candidates
-    runtime/    what a job runs on: its directory, its processes and GPUs, its memory, batches that shrink, files
-                put in place whole
-    common/     what every job shares: the settings (tether.toml's model side), the frozen inputs, loading the base
+    runtime/    what a job runs on: its directory, its processes and GPUs, its memory, batches that shrink
+    common/     what every job shares: the settings (tether.toml's model side), the frozen inputs, loading the base,
+                files put in place whole
+
+Lowest first, common, runtime, reward, policy and the worker: each imports only from itself and those before it
+(tests/test_layout.py).
 
 This package reads and writes files; it never opens the database.
 """

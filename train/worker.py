@@ -172,9 +172,9 @@ def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
 def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """DPO from the frozen policy (from v0 with [dpo] refit) on the frozen preferences and, given a reward model, on
     pairs it ranks among the policy's answers to the frozen prompts; write policy/."""
+    from train.common.device import device
     from train.common.models import load_model
     from train.policy.dpo import train_dpo
-    from train.runtime.hardware import device
 
     dpo = DPOConfig(**{"refit": False} | config["dpo"])  # a job written before refit continued its start
     human = read_preferences(input_path(job_dir, "preferences"))
@@ -217,10 +217,10 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
 
 def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
+    from train.common.device import device
     from train.common.models import load_model
     from train.policy.grpo import train_grpo
     from train.reward.versions import read_reward_adapter
-    from train.runtime.hardware import device
 
     grpo = GRPOConfig(**config["grpo"])
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]

@@ -1,4 +1,4 @@
-"""Files put in place whole (train.runtime.files), and the preference snapshot's one shape (train.common.snapshot)."""
+"""Files put in place whole (train.common.files), and the preference snapshot's one shape (train.common.snapshot)."""
 
 import ast
 import os
@@ -10,8 +10,8 @@ from dataclasses import fields
 import pytest
 
 from tests.conftest import REPO
+from train.common.files import built_beside, partial_writes, write_durably
 from train.common.snapshot import SCHEMA, PreferenceRow, conversational, preference_table, read_preferences
-from train.runtime.files import built_beside, partial_writes, write_durably
 
 ROWS = [
     PreferenceRow([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit, 好?"}], "A fig.", "Fruit is",
@@ -34,7 +34,7 @@ def test_a_directory_is_built_beside_its_place_and_renamed_in_whole(tmp_path):
 
 def test_what_a_killed_builder_left_is_found_and_what_a_live_one_builds_is_not(tmp_path):
     builder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from train.runtime.files import built_beside\n"
+        "import sys, time; from pathlib import Path; from train.common.files import built_beside\n"
         "with built_beside(Path(sys.argv[1]) / 'v1') as built:\n"
         "    built.mkdir(); print('building', flush=True); time.sleep(60)"), str(tmp_path)], stdout=subprocess.PIPE, cwd=REPO, text=True)
     try:

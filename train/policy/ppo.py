@@ -55,6 +55,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from train.common.config import PPOConfig, data_seed
 from train.common.errors import ModelError
+from train.common.files import built_beside
 from train.common.models import checkpoint_in_eval_mode, prepare_for_training
 from train.policy.generate import end_of_turn_ids, lora_folded, sampling, selective_log_softmax
 from train.reward.encoding import encode, pad_right
@@ -64,7 +65,6 @@ from train.reward.scores import Normalization, reward_and_uncertainty
 from train.reward.versions import read_reward_adapter
 from train.runtime import distributed
 from train.runtime.batching import in_batches
-from train.runtime.files import built_beside
 from train.runtime.hardware import uses_bf16
 
 Messages = list[dict[str, str]]

@@ -6,13 +6,10 @@ score at that EOS; the head reads the base's states over the response (train.rew
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from train.common.errors import ModelError
-from train.common.models import give_pad_token
 from train.common.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
 
 
@@ -94,18 +91,3 @@ def pad_right(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tens
         input_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
         attention_mask[row, : len(sequence)] = 1
     return input_ids, attention_mask
-
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer of a base model or a saved reward model, padding on the right with a pad distinct from EOS."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load the tokenizer of {str(path)!r}: {' '.join(str(e).split())}") from None
-    if not tokenizer.chat_template:
-        raise ModelError(f"model {str(path)!r} has no chat template: Tether needs a chat (instruct) model")
-    give_pad_token(tokenizer)  # a pad equal to EOS would make the score skip the EOS that ends each response
-    # Right padding: the real tokens keep positions 0..n-1, as they have unpadded.
-    tokenizer.padding_side = "right"
-    return tokenizer

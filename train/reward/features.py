@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from train.common.files import built_beside
 from train.common.snapshot import Messages
 from train.reward.encoding import encode, pad_right
 from train.runtime import distributed
 from train.runtime.batching import in_batches
-from train.runtime.files import built_beside
 
 POOLINGS = ("mean", "last")
 

@@ -30,6 +30,7 @@ import torch
 
 from train.common.config import ModelConfig, RewardModelConfig
 from train.common.errors import ModelError
+from train.common.files import built_beside
 from train.common.models import load_model
 from train.common.snapshot import Messages, PreferenceRow
 from train.reward.encoding import encode_pairs
@@ -38,7 +39,6 @@ from train.reward.layout import HEAD_FILE, METRICS_FILE, NORMALIZATION_FILE, Rew
 from train.reward.scores import Normalization, PairwiseResult, RewardModel, normalization_of, pairwise_result
 from train.reward.votes import label_noise_loss
 from train.runtime import distributed
-from train.runtime.files import built_beside
 
 PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")

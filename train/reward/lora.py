@@ -43,17 +43,18 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from train.common.config import ModelConfig, RewardModelConfig
+from train.common.device import device
 from train.common.errors import ModelError
-from train.common.models import from_pretrained, prepare_for_training, set_pad_token, trainable_in_float32
+from train.common.files import built_beside
+from train.common.models import from_pretrained, load_tokenizer, prepare_for_training, set_pad_token, trainable_in_float32
 from train.common.snapshot import Messages, PreferenceRow, RankingRow, ranked_answers
-from train.reward.encoding import EncodedPairs, encode, encode_pairs, load_tokenizer, pad_right
+from train.reward.encoding import EncodedPairs, encode, encode_pairs, pad_right
 from train.reward.layout import METRICS_FILE, NORMALIZATION_FILE, RewardAdapter, read_normalization, trained_config
 from train.reward.scores import Normalization, PairwiseResult, RewardModel, normalization_of, pairwise_result
 from train.reward.votes import Row, as_pairs, label_noise_loss
 from train.runtime import distributed
 from train.runtime.batching import in_batches
-from train.runtime.files import built_beside
-from train.runtime.hardware import device, uses_bf16
+from train.runtime.hardware import uses_bf16
 
 ProgressFn = Callable[[dict[str, Any]], None]
 

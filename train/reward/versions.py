@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from train.common.config import ModelConfig, RewardModelConfig
+from train.common.files import built_beside
 from train.common.snapshot import RankingRow
 from train.reward.head import Previous, load_head_model, read_head_adapter, train_head_model
 from train.reward.layout import STEERING_FILE, RewardAdapter, is_head, steering_dir
 from train.reward.lora import ProgressFn, load_lora, plan_warm_start, read_lora_adapter, train_reward_model
 from train.reward.scores import RewardModel
 from train.reward.votes import Row, as_pairs
-from train.runtime.files import built_beside
 
 
 def fit_reward_model(

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.runtime.files import write_durably
+from train.common.files import write_durably
 
 JOB_FILE = "job.json"
 EVENTS_FILE = "events.jsonl"

@@ -289,9 +289,8 @@ def round_memory(config, optimizer: str, prompts: list, on_gpu: bool | None = No
     under .model, .generation, .reward_model, .ppo, .dpo and .grpo) and chat prompts; the prompt length it assumed,
     and whether the jobs run on a GPU ([model] device unless said). The prompts count at their longest, or with
     none yet, at the longest [reward_model] max_length leaves beside a response of [generation] max_new_tokens."""
-    from train.common.models import resolve_model_path
-    from train.reward.encoding import load_tokenizer
-    from train.runtime.hardware import device
+    from train.common.device import device
+    from train.common.models import load_tokenizer, resolve_model_path
 
     path = resolve_model_path(config.model.name_or_path)
     if prompts:

@@ -24,7 +24,7 @@ from store.db import Connection, StoreError, open_database, utcnow
 from store.integrity import named_files
 from store.jobs import registered_adapter_paths
 from store.reward_models import list_reward_models
-from train.runtime.files import built_beside, failure_reason
+from train.common.files import built_beside, failure_reason
 from train.runtime.jobdir import input_path
 from ui.owner.check import dpo_preferences
 from ui.owner.project import CONFIG_FILE, DATABASE_FILE

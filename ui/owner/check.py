@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from store.db import Connection
 from store.integrity import NamedFiles, broken_references, named_files, unreadable_tables
-from train.runtime.files import PARTIAL, file_digests, partial_writes
+from train.common.files import PARTIAL, file_digests, partial_writes
 from train.runtime.jobdir import input_path
 from ui.owner.config import ConfigError, read_config
 from ui.owner.project import CONFIG_FILE, Project

@@ -14,7 +14,7 @@ from typing import Any
 from annotate.queue import QueueConfig
 from store.input_files import ImportLimits
 from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, Hardware, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig
-from train.runtime.files import write_durably
+from train.common.files import write_durably
 from ui.owner.auth import SignInLimits
 
 DEFAULT_GUIDELINES = """Read the prompt, then both responses in full.

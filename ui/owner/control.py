@@ -22,7 +22,7 @@ import httpx
 
 from store.db import Connection, StoreError, utcnow
 from store.users import account_events, add_user, list_users, set_disabled, set_password_hash
-from train.runtime.files import write_durably
+from train.common.files import write_durably
 from ui.owner.backup import backup
 from ui.owner.check import check_project
 from ui.owner.project import Project

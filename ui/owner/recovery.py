@@ -21,7 +21,7 @@ from store.db import utcnow
 from store.jobs import Job, fail_interrupted, record_files, registered_adapter_paths, running_job_ids
 from store.queue import release_leases
 from store.rounds import fail_interrupted_rounds
-from train.runtime.files import file_digests, partial_writes, sync, sync_tree, write_durably
+from train.common.files import file_digests, partial_writes, sync, sync_tree, write_durably
 from ui.owner.project import Project
 
 INTENT_FILE = "registering.json"
@@ -117,7 +117,7 @@ def reconcile(con: Connection, project: Project) -> list[str]:
 
 
 def written_folders(root: Path) -> list[Path]:
-    """The project's folders that things are put in place in whole (train.runtime.files.built_beside), and may be left half
+    """The project's folders that things are put in place in whole (train.common.files.built_beside), and may be left half
     built in by a process that was killed: the project itself, the versions' folders and the features cache's."""
     features = root / FEATURES_DIR
     return [folder for folder in (root, *(root / kind for kind in VERSION_DIRS), features, *features.glob("*/")) if folder.is_dir()]

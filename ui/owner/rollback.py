@@ -6,7 +6,7 @@ from pathlib import Path
 
 from store import Connection, StoreError
 from store.policies import Policy, add_rollback, plan_rollback
-from train.runtime.files import built_beside, failure_reason, file_digests
+from train.common.files import built_beside, failure_reason, file_digests
 from ui.owner.jobs import Run
 from ui.owner.project import Project
 
