@@ -65,7 +65,39 @@ PLOTS = max(len(curves) for curves in CURVES.values())
 
 
 def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
-    """The view loads when the page loads for an operator, when opened, and whenever the round's status line changes."""
+    """The view, top to bottom: the running round's line, the rounds, the controls, and one round's training. It loads
+    when the page loads for an operator, when opened, and whenever the round's status line changes."""
+
+    @with_error_ids
+    def show_rounds(shown_round: int | None, request: gr.Request) -> tuple:
+        server.operator(request.username)
+        return loop_view(server, shown_round)
+
+    @with_error_ids
+    def show_rounds_at_load(shown_round: int | None, request: gr.Request) -> tuple:
+        """At page load: the view for an operator, and nothing for anyone else, who never sees it."""
+        if server.user(request.username).role != "operator":
+            return tuple(gr.skip() for _ in outputs)
+        return loop_view(server, shown_round)
+
+    with gr.Tab("Loop") as tab:
+        status, cancel, refresh = _round_line(server, timer)
+        tables = _round_tables()
+        reward_version = _round_controls(server, cancel)
+        shown, samples, candidates, plots = _round_training()
+
+    outputs = [*tables, shown, samples, candidates, reward_version, *plots]  # loop_view's order
+    refresh.click(show_rounds, inputs=[shown], outputs=outputs, api_name="rounds", api_visibility="undocumented")
+    shown.input(show_rounds, inputs=[shown], outputs=outputs, api_visibility="undocumented")
+    tab.select(show_rounds, inputs=[shown], outputs=outputs, **QUIET)
+    app.load(show_rounds_at_load, inputs=[shown], outputs=outputs, api_visibility="private", show_progress="hidden")
+    # The status line changes when a round starts, moves on or ends: the tables follow it (the cancel button too, in
+    # _round_line).
+    status.change(show_rounds, inputs=[shown], outputs=outputs, **QUIET)
+
+
+def _round_line(server: Server, timer: gr.Timer) -> tuple[gr.Textbox, gr.Button, gr.Button]:
+    """The running round's status line, kept current by the timer, with the cancel and refresh buttons."""
 
     @with_error_ids
     def round_status(request: gr.Request) -> str:
@@ -91,17 +123,40 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
         server.operator(request.username)
         return gr.update(interactive=server.db(running_round) is not None)
 
-    @with_error_ids
-    def show_rounds(shown_round: int | None, request: gr.Request) -> tuple:
-        server.operator(request.username)
-        return loop_view(server, shown_round)
+    with gr.Row(equal_height=True):
+        status = gr.Textbox(label="Round", interactive=False, scale=4)
+        cancel = gr.Button("Cancel the round", variant="stop", interactive=False, scale=1)  # usable while a round runs
+        refresh = gr.Button("Refresh", scale=1)
+    timer.tick(round_status, outputs=[status], api_name="round_status", **QUIET)
+    status.change(cancel_usable, outputs=[cancel], **QUIET)
+    return status, cancel, refresh
 
-    @with_error_ids
-    def show_rounds_at_load(shown_round: int | None, request: gr.Request) -> tuple:
-        """At page load: the view for an operator, and nothing for anyone else, who never sees it."""
-        if server.user(request.username).role != "operator":
-            return tuple(gr.skip() for _ in outputs)
-        return loop_view(server, shown_round)
+
+def _round_tables() -> list[gr.Component]:
+    """The rounds, newest first: people's verdict on each, how each ran, the versions' ratings and the warnings; filled
+    by loop_view."""
+    history = gr.Dataframe(
+        headers=[header for _, header in ROUND_COLUMNS],
+        label="Rounds, newest first: the human win rate of each new policy over the one it started from, "
+              "also at equal length (a logistic model of the votes with the length difference as a covariate)",
+        interactive=False,
+    )
+    with gr.Accordion("Settings of each round", open=False):
+        # Widths set, or the settings text takes the width and squeezes the short columns to a letter.
+        settings = gr.Dataframe(
+            headers=[header for _, header in SETTINGS_COLUMNS], label="How each round ran, newest first", interactive=False, wrap=True,
+            column_widths=["5%", "6%", "7%", "8%", "9%", "6%", "20%", "19%", "20%"],
+        )
+    with gr.Row():
+        scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
+                              interactive=False, scale=1)
+        warnings = gr.Textbox(label="The reward model in use, and warnings", lines=4, interactive=False, scale=3)
+    return [history, settings, scores, warnings]
+
+
+def _round_controls(server: Server, cancel: gr.Button) -> gr.Dropdown:
+    """Start a round, schedule rounds, roll back, and cancel the running round (`cancel`, on the status line), each
+    saying what it did in one result line; the reward-model choice, which loop_view keeps current."""
 
     @with_error_ids
     def start(reward_version: float | None, optimizer: str | None, request: gr.Request) -> str:
@@ -139,64 +194,40 @@ def build_loop(server: Server, timer: gr.Timer, app: gr.Blocks) -> None:
             policy = roll_back(server.project, server.db, version)
         return f"Rolled back: policy v{policy.version} is a copy of v{version}, and the next round starts from it."
 
-    with gr.Tab("Loop") as tab:
-        with gr.Row(equal_height=True):
-            status = gr.Textbox(label="Round", interactive=False, scale=4)
-            cancel = gr.Button("Cancel the round", variant="stop", interactive=False, scale=1)  # usable while a round runs
-            refresh = gr.Button("Refresh", scale=1)
-        history = gr.Dataframe(
-            headers=[header for _, header in ROUND_COLUMNS],
-            label="Rounds, newest first: the human win rate of each new policy over the one it started from, "
-                  "also at equal length (a logistic model of the votes with the length difference as a covariate)",
-            interactive=False,
-        )
-        with gr.Accordion("Settings of each round", open=False):
-            # Widths set, or the settings text takes the width and squeezes the short columns to a letter.
-            settings = gr.Dataframe(
-                headers=[header for _, header in SETTINGS_COLUMNS], label="How each round ran, newest first", interactive=False, wrap=True,
-                column_widths=["5%", "6%", "7%", "8%", "9%", "6%", "20%", "19%", "20%"],
-            )
-        with gr.Row():
-            scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
-                                  interactive=False, scale=1)
-            warnings = gr.Textbox(label="The reward model in use, and warnings", lines=4, interactive=False, scale=3)
-        with gr.Row():
-            # allow_custom_value: a version registered since the page loaded is still accepted; the server checks it.
-            reward_version = gr.Dropdown(label="Reward model for the round", choices=[NEW_REWARD_MODEL], value=NEW_REWARD_MODEL[1],
-                                         allow_custom_value=True)
-            # The server refuses any other value, whatever a client sends.
-            optimizer = gr.Radio(label="Optimiser", choices=[(name.upper(), name) for name in OPTIMIZERS],
-                                 value=server.project.config.round.optimizer)
-            start_button = gr.Button("Start a round", variant="primary")
-        with gr.Row():
-            every = gr.Number(label="Start a round every N new comparisons (0: off)", precision=0, minimum=0)
-            save_every = gr.Button("Save the schedule")
-            rollback_version = gr.Number(label="Policy version to roll back to (a copy becomes the newest; nothing is deleted)",
-                                         precision=0, minimum=0)
-            rollback_button = gr.Button("Roll back")
-        result = gr.Textbox(label="Result", interactive=False)
-        shown = gr.Dropdown(label="Training steps of round", choices=[])
-        plots = []
-        for row in (range(3), range(3, PLOTS)):
-            with gr.Row():
-                plots += [gr.LinePlot(x="step", y="value", show_label=True) for _ in row]
-        # Titled and shown by loop_view for a round whose optimiser logged samples.
-        samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], interactive=False, wrap=True, visible=False)
-        candidates = gr.Dataframe(headers=CANDIDATE_COLUMNS, interactive=False, wrap=True, visible=False)
-
-    outputs = [history, settings, scores, warnings, shown, samples, candidates, reward_version, *plots]
-    refresh.click(show_rounds, inputs=[shown], outputs=outputs, api_name="rounds", api_visibility="undocumented")
-    shown.input(show_rounds, inputs=[shown], outputs=outputs, api_visibility="undocumented")
-    tab.select(show_rounds, inputs=[shown], outputs=outputs, **QUIET)
-    app.load(show_rounds_at_load, inputs=[shown], outputs=outputs, api_visibility="private", show_progress="hidden")
-    timer.tick(round_status, outputs=[status], api_name="round_status", **QUIET)
-    # The status line changes when a round starts, moves on or ends: the tables and the cancel button follow it.
-    status.change(show_rounds, inputs=[shown], outputs=outputs, **QUIET)
-    status.change(cancel_usable, outputs=[cancel], **QUIET)
+    with gr.Row():
+        # allow_custom_value: a version registered since the page loaded is still accepted; the server checks it.
+        reward_version = gr.Dropdown(label="Reward model for the round", choices=[NEW_REWARD_MODEL], value=NEW_REWARD_MODEL[1],
+                                     allow_custom_value=True)
+        # The server refuses any other value, whatever a client sends.
+        optimizer = gr.Radio(label="Optimiser", choices=[(name.upper(), name) for name in OPTIMIZERS],
+                             value=server.project.config.round.optimizer)
+        start_button = gr.Button("Start a round", variant="primary")
+    with gr.Row():
+        every = gr.Number(label="Start a round every N new comparisons (0: off)", precision=0, minimum=0)
+        save_every = gr.Button("Save the schedule")
+        rollback_version = gr.Number(label="Policy version to roll back to (a copy becomes the newest; nothing is deleted)",
+                                     precision=0, minimum=0)
+        rollback_button = gr.Button("Roll back")
+    result = gr.Textbox(label="Result", interactive=False)
     start_button.click(start, inputs=[reward_version, optimizer], outputs=[result], api_name="start_round", api_visibility="undocumented")
     cancel.click(cancel_round, outputs=[result], api_name="cancel_round", api_visibility="undocumented")
     save_every.click(set_schedule, inputs=[every], outputs=[result], api_name="set_schedule", api_visibility="undocumented")
     rollback_button.click(rollback, inputs=[rollback_version], outputs=[result], api_name="rollback", api_visibility="undocumented")
+    return reward_version
+
+
+def _round_training() -> tuple[gr.Dropdown, gr.Dataframe, gr.Dataframe, list[gr.LinePlot]]:
+    """One round's training, the newest unless chosen: the round to show, its curves, its samples and its candidates;
+    filled by loop_view."""
+    shown = gr.Dropdown(label="Training steps of round", choices=[])
+    plots = []
+    for row in (range(3), range(3, PLOTS)):
+        with gr.Row():
+            plots += [gr.LinePlot(x="step", y="value", show_label=True) for _ in row]
+    # Titled and shown by loop_view for a round whose optimiser logged samples.
+    samples = gr.Dataframe(headers=["step", "prompt", "response", "score"], interactive=False, wrap=True, visible=False)
+    candidates = gr.Dataframe(headers=CANDIDATE_COLUMNS, interactive=False, wrap=True, visible=False)
+    return shown, samples, candidates, plots
 
 
 def loop_view(server: Server, shown_round: int | None) -> tuple:
