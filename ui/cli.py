@@ -21,7 +21,7 @@ from store.jobs import job_metrics
 from store.policies import get_policy
 from store.preferences import import_preference_file
 from store.prompt_files import read_prompt_file
-from store.prompts import import_prompt_file, prompts_to_generate
+from store.prompts import Prompt, import_prompt_file, prompts_to_generate
 from store.reward_models import get_reward_model
 from store.status import project_counts
 from store.users import ROLES, check_new_user
@@ -35,7 +35,8 @@ from ui.owner.history import round_report, round_summary
 from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_judging, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rollback import roll_back
-from ui.owner.round import run_round, scoring_kind, submit_generation, submit_ppo, submit_reward_training, trust_status
+from ui.owner.round import (is_held_back, run_round, scoring_kind, submit_generation, submit_ppo, submit_reward_training,
+                            trust_status)
 from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
 
 
@@ -147,6 +148,8 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
         f"stored {metrics['completions']:.0f} completions from policy v{job.config['policy_version']} "
         f"for {metrics['prompts']:.0f} prompts, and {metrics['pairs']:.0f} new pairs"
     )
+    if held_back := _held_back(project, project.run(prompts_to_generate, 0, None)):
+        click.echo(held_back)
 
 
 @cli.command()
@@ -776,6 +779,7 @@ def status(project_dir: Path):
 
     project = load_project(project_dir)
     counts = project.run(project_counts)
+    active = project.run(prompts_to_generate, 0, None)
     config = project.config
     autocast = {name: "on" if uses_bf16(precision) else "off"
                 for name, precision in (("reward model", config.reward_model.precision), ("PPO", config.ppo.precision))}
@@ -786,9 +790,10 @@ def status(project_dir: Path):
         ("precision", f"{config.model.dtype} weights, quantization {config.model.quantization}; bf16 autocast "
                       f"{autocast['reward model']} in reward-model training, {autocast['PPO']} in PPO"),
         ("processes", f"{config.worker.processes()} per model job ([worker] gpus = {config.worker.gpus})"),
-        ("memory", _expected_memory(project, [p.messages for p in project.run(prompts_to_generate, 0, None)])),
+        ("memory", _expected_memory(project, [p.messages for p in active])),
         ("schema", f"version {counts.schema_version}"),
         ("prompts", f"{counts.prompts} ({counts.active_prompts} active)"),
+        *([("held back", held_back)] if (held_back := _held_back(project, active)) else []),
         ("completions", str(counts.completions)),
         ("pairs", f"{counts.pairs} ({counts.pairs_wanting_votes} wanting votes)"),
         ("votes", str(counts.votes)),
@@ -817,6 +822,19 @@ def settings(section: str | None):
         tether settings --section ppo
     """
     click.echo(settings_reference(section))
+
+
+def _held_back(project: Project, active: list[Prompt]) -> str | None:
+    """How many of the active prompts no optimiser trains on, kept to compare versions on, and why `generate` gave
+    them no completions; None where none is."""
+    share = project.config.round.held_back_share
+    held = sum(is_held_back(prompt, share) for prompt in active)
+    if not held:
+        return None
+    one = held == 1
+    return (f"{held} of {len(active)} active prompts {'is' if one else 'are'} held back from training to compare versions on "
+            f"([round] held_back_share = {share}): no pairs are generated for {'it' if one else 'them'} outside a round, "
+            f"which pairs its new version against the old there")
 
 
 def _expected_memory(project: Project, prompts: list) -> str:

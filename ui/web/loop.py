@@ -105,6 +105,8 @@ def _round_line(server: Server, timer: gr.Timer) -> tuple[gr.Textbox, gr.Button,
         server.operator(request.username)
         every = server.project.config.round.every_comparisons
         schedule = f"the scheduler starts a round every {every} new comparisons" if every else "the scheduler is off"
+        if every and (waiting := server.jobs.scheduler_waiting):  # a Textbox shows it as text: nothing to escape
+            schedule += f", but {waiting}"
         round_ = server.db(running_round)
         if round_ is None:
             return f"No round running; {schedule}."
