@@ -7,9 +7,10 @@ the file routes; a new view is fuzzed without anyone adding it here. Each call i
 session, as a disabled account, with an operator's expired session, as an annotator or as an operator (the control
 route: with no token, a wrong one, or the server's own), with values drawn for its inputs' components: valid ones (a
 radio's choices, a number in range, a real pair's token: one never served, another annotator's, one already answered),
-wrong types, missing and extra fields, huge and empty text, NUL and odd Unicode, NaN, infinities and negative numbers,
-paths that climb out. One call in ten replays the latest call the app accepted, as it was sent: a vote, skip or
-ranking sent again must store nothing more.
+JSON of any other type for any input (null, true and false, numbers, lists, objects, long text), alone among valid
+values or beside others, missing and extra fields, huge and empty text, NUL and odd Unicode, NaN, infinities and
+negative numbers, paths that climb out. One call in ten replays the latest call the app accepted, as it was sent: a
+vote, skip or ranking sent again must store nothing more.
 
 Each call holds the honest annotators back, waits until the server writes nothing of its own (a job an accepted call
 started, a round the schedule started), and reads the database (every table's rows, hashed) and the project folder
@@ -64,6 +65,9 @@ from ui.web.app import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("nobody", "signed out", "disabled", "expired", "annotator", "operator")
+# Who calls the app's functions: an account whose role reaches a function's handler more often than one refused at the
+# door, which refuses it whatever it sends.
+CALLERS = ROLES + ("annotator", "operator", "operator", "operator")
 NO_ACCOUNT = ("nobody", "signed out", "disabled", "expired", "no token", "wrong token")
 CONTROL_ROLES = ("no token", "wrong token", "token")
 # What an annotator may change: the queue's functions. Any other function changes nothing unless an operator calls it.
@@ -99,6 +103,9 @@ class Figures:
     answers: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # endpoint -> outcome -> calls
     failures: list[str] = field(default_factory=list)
     calls: int = 0
+    server_errors: int = 0  # answers 5xx, or none
+    refused_writes: int = 0  # calls that changed the state they had no right to change: refused, or with no account
+    other_typed: int = 0  # calls whose inputs were each of its component's type but one, JSON of another type
 
 
 # ---- the surface, as the app describes it ----
@@ -117,6 +124,7 @@ def endpoints(config: dict) -> list[Endpoint]:
 ODD_TEXT = ["", "\x00", "a\x00b", "\u202e\u0000\ufeff", "💥" * 50, "../../../../etc/passwd", "<script>alert(1)</script>",
             "' OR 1=1; --", "\n".join(["refused forged: a line of the caller's"] * 3)]
 HUGE = 1_000_000  # characters of the huge text: over [server] max_request_kb, which the app must refuse whole
+LONG = 20_000  # characters of a long text that fits in [server] max_request_kb, so that it reaches the handler
 TOKEN_CHOICES = 64  # more than the tokens a call is offered: the honest annotators' and the fuzzer's latest
 NUMBERS = [0, -1, 2**63, -(2**63), 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5]
 
@@ -125,10 +133,16 @@ def odd_text() -> st.SearchStrategy:
     return st.sampled_from(ODD_TEXT) | st.integers(1, HUGE).map(lambda n: "x" * n)
 
 
-def wrong_value() -> st.SearchStrategy:
-    leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40), odd_text(), st.sampled_from(NUMBERS))
-    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                        max_leaves=8)
+def other_json() -> st.SearchStrategy:
+    """JSON of any type, whatever the input, each type as often: null, true or false, a number (a float, an integer, one
+    at the edges), text (short, odd, long or huge), or a list or an object of such values. What a client other than
+    the app's page may send."""
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.sampled_from(NUMBERS), st.text(max_size=40), odd_text())
+    nested = st.recursive(scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                          max_leaves=8)
+    return st.one_of(st.none(), st.booleans(), st.floats() | st.integers() | st.sampled_from(NUMBERS),
+                     st.text(max_size=40) | odd_text() | st.integers(LONG // 2, LONG).map(lambda n: "y" * n),
+                     st.lists(nested, max_size=4), st.dictionaries(st.text(max_size=8), nested, max_size=4))
 
 
 def token_of(tokens: list[str]) -> st.SearchStrategy:
@@ -138,7 +152,12 @@ def token_of(tokens: list[str]) -> st.SearchStrategy:
 
 
 def value_for(component: dict, tokens: list[str]) -> st.SearchStrategy:
-    """A valid value of the component's kind, or anything at all."""
+    """A value of the component's type, or JSON of any other."""
+    return st.one_of(typed_value(component, tokens), typed_value(component, tokens), other_json())
+
+
+def typed_value(component: dict, tokens: list[str]) -> st.SearchStrategy:
+    """A value of the component's type, as the page sends: most often a valid one (a radio's choices, a pair's token)."""
     kind, props = component["type"], component["props"]
     choices = [c[1] if isinstance(c, (list, tuple)) else c for c in props.get("choices") or []]
     valid = {
@@ -151,7 +170,7 @@ def value_for(component: dict, tokens: list[str]) -> st.SearchStrategy:
         "file": st.none() | st.builds(lambda p: {"path": p, "meta": {"_type": "gradio.FileData"}, "orig_name": "prompts.jsonl"},
                                       st.sampled_from(["/etc/passwd", "../tether.toml", "tether.duckdb", "/proc/self/environ"])),
     }.get(kind, st.nothing())
-    return st.one_of(valid, valid, wrong_value())
+    return valid
 
 
 def control_args(action: str) -> st.SearchStrategy:
@@ -159,28 +178,34 @@ def control_args(action: str) -> st.SearchStrategy:
     annotator's, whose password a valid call would change), or anything at all."""
     function = control.ACTIONS.get(action)
     if function is None:
-        return st.lists(wrong_value(), max_size=4)
+        return st.lists(other_json(), max_size=4)
     kinds = {
         str: st.sampled_from([FUZZ_ANNOTATOR, DISABLED, SIGNED_OUT, "annotator", "operator", "owner", "backups/b1", "/proc/b"])
              | st.text(alphabet="abcxyz-/.", max_size=12) | odd_text(),
         int: st.integers() | st.sampled_from([0, -1, 2**63]),
         bool: st.booleans(),
     }
-    typed = st.tuples(*[kinds.get(p.annotation, wrong_value()) for p in list(inspect.signature(function).parameters.values())[2:]]).map(list)
-    return typed | st.lists(wrong_value(), max_size=5) | wrong_value()
+    typed = st.tuples(*[kinds.get(p.annotation, other_json()) for p in list(inspect.signature(function).parameters.values())[2:]]).map(list)
+    return typed | st.lists(other_json(), max_size=5) | other_json()
 
 
 @st.composite
-def gradio_data(draw, endpoint: Endpoint, tokens: list[str]) -> list:
+def gradio_data(draw, endpoint: Endpoint, tokens: list[str]) -> tuple[Any, str]:
+    """A call's data and its shape: each input as value_for draws it; or each of its component's type but one, JSON of
+    another type, so that the handler meets it past the inputs before it; or too few inputs, too many, or no list."""
+    shape = draw(st.sampled_from(["as is"] * 4 + ["one of another type"] * 2 + ["missing", "extra", "not a list"]))
+    if shape == "one of another type" and endpoint.inputs:
+        data = [draw(typed_value(c, tokens)) for c in endpoint.inputs]
+        data[draw(st.integers(0, len(data) - 1))] = draw(other_json())
+        return data, shape
     data = [draw(value_for(c, tokens)) for c in endpoint.inputs]
-    shape = draw(st.sampled_from(["as is"] * 6 + ["missing", "extra", "not a list"]))
     if shape == "missing" and data:
-        return data[:-1]
+        return data[:-1], shape
     if shape == "extra":
-        return data + [draw(wrong_value())]
+        return data + [draw(other_json())], shape
     if shape == "not a list":
-        return draw(wrong_value())
-    return data
+        return draw(other_json()), shape
+    return data, "as is"
 
 
 # ---- calls ----
@@ -408,6 +433,7 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
             print(f"{figures.calls} calls, {len(figures.failures)} failures", flush=True)
         where = f"{endpoint.name}{' replayed' if replayed else ''} as {role} with {repr(sent)[:160]}"
         if outcome.startswith("HTTP 5") or outcome == "no answer":
+            figures.server_errors += 1
             figures.failures.append(f"{where}: {outcome}")
         if role in NO_ACCOUNT and outcome == "completed" and endpoint.name not in ("login", "file", "upload"):
             figures.failures.append(f"{where}: completed for a caller with no account")
@@ -419,6 +445,7 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
             # A refused vote, skip or ranking shows the pair to answer instead: leasing it is the one write allowed.
             serves_instead = outcome == "refused in words" and difference == "table assignments"
             if not may_write and not serves_instead:
+                figures.refused_writes += 1
                 figures.failures.append(f"{where} ({outcome}) changed {difference}")
             if replayed and {f"table {t}" for t in ANSWER_TABLES} & set(difference.split(", ")):
                 figures.failures.append(f"{where} ({outcome}) stored an answer again: changed {difference}")
@@ -448,8 +475,9 @@ def fuzz(server: Server, callers: Callers, surface: list[Endpoint], honest: Hone
                                               "../../tether.toml", str(server.project.root / control.SERVER_FILE)]))
             call = lambda: callers.file(role, sent)
         else:
-            role = data.draw(st.sampled_from(ROLES))
-            sent = data.draw(gradio_data(endpoint, tokens))
+            role = data.draw(st.sampled_from(CALLERS))
+            sent, shape = data.draw(gradio_data(endpoint, tokens))
+            figures.other_typed += shape == "one of another type"
             by_index = endpoint.private or data.draw(st.booleans())
             call = lambda: callers.gradio(role, endpoint, sent, by_index)
         judge(endpoint, role, sent, *alone(call), replayed=False)
@@ -514,6 +542,8 @@ def run(args: argparse.Namespace, work: Path) -> tuple[Figures, dict]:
         "honest votes acknowledged": len(set(honest.tally.acknowledged)), "honest votes stored": verdict.stored,
         "honest votes lost": len(verdict.missing), "honest votes refused": sum(honest.tally.refused.values()),
         "honest errors": sum(honest.tally.errors.values()), "duplicates": verdict.duplicates,
+        "server errors": figures.server_errors, "writes by refused calls": figures.refused_writes,
+        "calls with one input of another type": figures.other_typed,
     }
     if resources["tracebacks"]:
         first = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))

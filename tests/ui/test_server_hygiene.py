@@ -116,7 +116,7 @@ def test_a_number_field_that_sent_no_whole_number_is_refused_in_words_not_an_err
     """Found by scripts/fuzz.py: a list or None where a version or a job's number was due failed in Tether's own code."""
     with serving(project) as (_, url):
         operator = app_client(url, "olga", PASSWORD)
-        for args, api_name, message in [(([1], "dpo"), "/start_round", "Choose the round's reward model from the list."),
+        for args, api_name, message in [(([1], "dpo"), "/start_round", "this call's input is not what it takes (reward_version must be a number or null, not a list)"),
                                         ((None,), "/job_log", "Give a job's number from the table."),
                                         ((None,), "/cancel_job", "Give a job's number from the table."),
                                         ((None, 2), "/generate", "Give the prompts and the completions per prompt as whole numbers.")]:

@@ -18,7 +18,7 @@ from ui.owner.project import Project
 from ui.owner.server import Server
 from ui.web.accounts import build_accounts
 from ui.web.annotate import CSS, KEYS_JS, build_annotate
-from ui.web.common import LOGGED_CHARACTERS, log_refusal, refused, with_error_ids
+from ui.web.common import LOGGED_CHARACTERS, log_refusal, refused, with_error_ids, wrong_input
 from ui.web.data import build_data
 from ui.web.export import build_export
 from ui.web.generate import build_generate
@@ -33,12 +33,19 @@ GRADIO_FILES = "gradio-files"  # the project's folder for Gradio's uploads and d
 
 
 class Blocks(gr.Blocks):
-    """Gradio's Blocks, but a call whose input Gradio's own checks refuse (a value not among a dropdown's choices, a
-    list where a number is due, too few values) is refused as Tether refuses one: its reason to the caller, one line
-    to the log. Gradio logs a traceback for each, and an operator could not tell an attack from a fault of Tether's."""
+    """Gradio's Blocks, but a call whose input is not of the type its handler takes (null where text is due, a list
+    where a number is, an object where true or false is) is refused before the handler runs, and so is one Gradio's
+    own checks refuse (a value not among a dropdown's choices, too few values): as Tether refuses one, its reason to
+    the caller, one line to the log. Gradio logs a traceback for each of its own, and an operator could not tell an
+    attack from a fault of Tether's.
+
+    The annotate view's events take their inputs as sent (preprocess=False), and check them themselves: their refusals
+    are in the view's message line."""
 
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
         try:
+            if block_fn.preprocess and (wrong := wrong_input(block_fn.fn, inputs, block_fn.inputs)):
+                raise TypeError(wrong)
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except Exception as e:
             detail = e.message if isinstance(e, gr.Error) else e

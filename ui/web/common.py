@@ -1,11 +1,13 @@
 """What the views share: how errors reach the user, and how figures are written."""
 
 import functools
+import inspect
 import secrets
 import sys
 import traceback
+import types
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union, get_args, get_origin
 
 import gradio as gr
 
@@ -30,9 +32,49 @@ def refused(message: str) -> gr.Error:
 
 
 def whole_number(value: Any) -> int | None:
-    """`value` as a whole number 0 or more, or None where it is none: a number field can send anything."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and value == int(value):
+    """`value` as a whole number 0 or more that the database holds (64 bits), or None where it is none: a number field
+    can send anything."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**63 and value == int(value):
         return int(value)
+    return None
+
+
+# The JSON a handler's parameter annotated with each type takes, where it is not that type alone: a float takes an int,
+# and bool is no int here, nor 1 a bool.
+JSON_TAKEN = {float: (int, float), int: (int,)}
+JSON_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false", type(None): "null", list: "a list",
+              dict: "an object"}
+
+
+def takes(annotation: Any, value: Any) -> bool:
+    """Whether a JSON value is of the type a handler's parameter is annotated with: str, int, float, bool, None, dict,
+    a list of one of them, or a union of them. An unannotated parameter takes anything."""
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(takes(member, value) for member in get_args(annotation))
+    if get_origin(annotation) is list:
+        return isinstance(value, list) and all(takes(get_args(annotation)[0], item) for item in value)
+    return type(value) in JSON_TAKEN.get(annotation, (annotation,))
+
+
+def described(annotation: Any) -> str:
+    if get_origin(annotation) in (Union, types.UnionType):
+        return " or ".join(described(member) for member in get_args(annotation))
+    if get_origin(annotation) is list:
+        return f"a list of {described(get_args(annotation)[0])}"
+    return JSON_NAMES.get(annotation, annotation.__name__)
+
+
+def wrong_input(handler: Callable[..., Any], inputs: list, components: list) -> str | None:
+    """Why a call's inputs, as sent, are not of the types its handler's parameters are annotated with, naming the first
+    that is not; None where each is. Gradio hands most inputs to the handler as they came (a textbox's any JSON but
+    null as text). Its files it checks itself against their data model, and a State's value comes from the session."""
+    parameters = [p for p in inspect.signature(handler, eval_str=True).parameters.values()
+                  if not getattr(p.annotation, "__module__", "").startswith("gradio")]  # gr.Request and the like: Gradio fills them
+    for parameter, component, value in zip(parameters, components, inputs):
+        if getattr(component, "data_model", None) is None and not component.stateful and not takes(parameter.annotation, value):
+            return f"{parameter.name} must be {described(parameter.annotation)}, not {JSON_NAMES.get(type(value), type(value).__name__)}"
     return None
 
 

@@ -32,14 +32,14 @@ def build_jobs(server: Server, timer: gr.Timer) -> None:
         return rows
 
     @with_error_ids
-    def job_log(job_id: float, request: gr.Request) -> str:
+    def job_log(job_id: float | None, request: gr.Request) -> str:
         server.operator(request.username)
         with user_errors():
             job = server.db(get_job, _job_number(job_id))
         return log_tail(job_dir(server.project, job.id), lines=40)
 
     @with_error_ids
-    def cancel_job(job_id: float, request: gr.Request) -> list[list]:
+    def cancel_job(job_id: float | None, request: gr.Request) -> list[list]:
         server.operator(request.username)
         with user_errors():
             server.db(get_job, job_id := _job_number(job_id))
