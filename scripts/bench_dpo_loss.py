@@ -44,7 +44,7 @@ from store.prompt_files import read_prompt_file  # noqa: E402
 from train.common.config import DPOConfig, data_seed  # noqa: E402
 from train.runtime.jobdir import input_path, read_job  # noqa: E402
 from ui.owner.project import job_dir, load_project  # noqa: E402
-from ui.owner.round import CANDIDATE_SEED_STRIDE  # noqa: E402
+from ui.owner.round_jobs import CANDIDATE_SEED_STRIDE  # noqa: E402
 from ui.owner.simulate import EVAL_PAIRS, sample_answers  # noqa: E402
 
 

@@ -51,7 +51,7 @@ from store.reward_models import get_reward_model
 from ui.owner.config import load_config, write_config
 from ui.owner.jobs import run_to_end
 from ui.owner.project import init_project, load_project
-from ui.owner.round import submit_reward_training
+from ui.owner.round_jobs import submit_reward_training
 from ui.owner.simulate import reward_model_follows_judge, sample_answers
 
 

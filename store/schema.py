@@ -280,4 +280,27 @@ MIGRATIONS = [
             PRIMARY KEY (adapter_path, file)
         );
     """),
+    Migration(13, "a round's stage", """
+        -- The stage a round is at (store.rounds.Stage; store.rounds.TRANSITIONS says which may follow which), and
+        -- whether [round] optimizer = "auto" chose its optimiser. status stays, written with the stage: running
+        -- until the stage is one of the finished ones, then that one. A running round's stage is read from its newest
+        -- job; one with none is failed at the next start (fail_interrupted_rounds).
+        CREATE TYPE round_stage AS ENUM ('reward_model', 'candidates', 'predictor', 'start_answers', 'pairs',
+                                         'done', 'failed', 'cancelled');
+        ALTER TABLE rounds ADD COLUMN stage round_stage NOT NULL DEFAULT 'reward_model';
+        UPDATE rounds SET stage = CASE
+            WHEN status <> 'running' THEN status
+            ELSE coalesce((
+                SELECT CASE
+                    WHEN j.kind = 'reward_model' THEN 'reward_model'
+                    WHEN j.kind = 'predict' THEN 'predictor'
+                    WHEN j.kind = 'generate' AND (j.config->>'policy_version')::INTEGER = rounds.policy_from THEN 'start_answers'
+                    WHEN j.kind = 'generate' THEN 'pairs'
+                    ELSE 'candidates' END
+                FROM jobs j WHERE j.round = rounds.id ORDER BY j.id DESC LIMIT 1), 'reward_model')
+            END;
+        ALTER TABLE rounds ADD COLUMN chosen_by_auto BOOLEAN NOT NULL DEFAULT false;
+        -- Before this column, what 'auto' chose was said in the note, beginning "auto: ".
+        UPDATE rounds SET chosen_by_auto = coalesce(note LIKE '%auto: %', false);
+    """),
 ]

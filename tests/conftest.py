@@ -33,7 +33,7 @@ from train.reward.versions import read_reward_adapter
 from ui.cli import cli
 from ui.owner.jobs import WORKER_ENV
 from ui.owner.project import init_project
-from ui.owner.round import is_held_back
+from ui.owner.round_jobs import is_held_back
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_PROMPTS = REPO / "scripts" / "demo_prompts.jsonl"
@@ -104,6 +104,16 @@ def tiny_project(tmp_path, tiny_model_dir) -> Path:
     set_settings(root, "generation", max_new_tokens=12)
     set_settings(root, "round", candidates=1, register="best", min_pairs=1)
     return root
+
+
+def complete_round(con, round_id: int) -> None:
+    """Walk a running round through the stages of one that registered a version and paired its answers, to done."""
+    from store.db import utcnow
+    from store.rounds import Stage, get_round, move_round
+
+    path = [Stage.REWARD_MODEL, Stage.CANDIDATES, Stage.PREDICTOR, Stage.PAIRS, Stage.DONE]
+    for stage in path[path.index(get_round(con, round_id).stage) + 1:]:
+        assert move_round(con, round_id, stage, utcnow() if stage == Stage.DONE else None)
 
 
 def set_settings(project: Path, section: str, **values) -> None:

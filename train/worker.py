@@ -19,6 +19,7 @@ With TETHER_WORKER=here, a `tether` command runs its jobs through `run` in its o
 (ui.owner.jobs.run_here): a debugger's breakpoint is reached, and the tests skip a worker's start.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,11 +33,13 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.common.config import DPOConfig, GenerationConfig, GRPOConfig, JudgeConfig, ModelConfig, PPOConfig, RewardModelConfig, data_seed
+from train.common.config import DPOConfig, ModelConfig, RewardModelConfig, data_seed
 from train.common.errors import ModelError
 from train.common.snapshot import read_preferences, read_rankings
 from train.runtime import distributed
-from train.runtime.jobdir import OWNER_PID_ENV, Events, input_path, read_job, write_result
+from train.runtime.job_configs import (DPOJob, GenerateJob, GRPOJob, JobConfig, JobConfigError, JudgeJob, PPOJob, PredictJob,
+                                       RewardModelJob, ScoreJob, parse_job_config)
+from train.runtime.jobdir import JOB_FILE, OWNER_PID_ENV, Events, input_path, read_job, write_result
 
 
 def whole_share(events: Events, done: int, share: int, whole: int) -> None:
@@ -47,19 +50,19 @@ def whole_share(events: Events, done: int, share: int, whole: int) -> None:
     events.emit("progress", done=round(whole * done / share), total=whole, progress=done / share)
 
 
-def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Sample completions for the frozen prompts, scored by the reward model at config["reward_adapter_path"] when
+def run_generate(job_dir: Path, config: GenerateJob, events: Events) -> dict[str, Any]:
+    """Sample completions for the frozen prompts, scored by the reward model at config.reward_adapter_path when
     given; write completions.parquet."""
     from train.common.models import decode_steps_for, load_model
     from train.policy.generate import PromptTooLong, generate
 
     prompts = pq.read_table(input_path(job_dir, "prompts")).to_pylist()
     mine = distributed.shard(prompts)
-    generation = GenerationConfig(**config["generation"])
+    generation = config.generation
     if generation.seed is not None:  # each process its own draws, on its own prompts
         generation = dataclasses.replace(generation, seed=generation.seed + distributed.rank())
     steps = decode_steps_for(len(mine) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
-    model, tokenizer = load_model(ModelConfig(**config["model"]), config["adapter_path"], steps)
+    model, tokenizer = load_model(config.model, config.policy_adapter_path, steps)
     events.emit("started", total=len(prompts) * generation.per_prompt)
 
     def progress(done: int, total: int) -> None:
@@ -77,10 +80,11 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
          "token_count": g.token_count, "finished": g.finished}
         for g in generated
     ]
-    if config.get("reward_adapter_path"):
+    if config.reward_adapter_path:
         del model  # the reward model loads the base again: one at a time
         messages = [json.loads(prompts[mine[g.prompt_index]]["messages"]) for g in generated]
-        for row, (reward, heads) in zip(rows, _scores(config, messages, [g.text for g in generated])):
+        scored = _scores(config.model, config.reward_model, config.reward_adapter_path, messages, [g.text for g in generated])
+        for row, (reward, heads) in zip(rows, scored):
             row |= {"reward": reward, "reward_heads": heads}
     rows = distributed.gather(rows)
     if distributed.is_main():
@@ -89,39 +93,38 @@ def run_generate(job_dir: Path, config: dict[str, Any], events: Events) -> dict[
     return {"completions": "completions.parquet"}
 
 
-def run_reward_model(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_reward_model(job_dir: Path, config: RewardModelJob, events: Events) -> dict[str, Any]:
     """Train a reward model of [reward_model] kind on the frozen preferences, and rankings where frozen beside them;
     write it to reward_model/ (train.reward.versions.fit_reward_model says what each kind makes there)."""
     from train.common.models import resolve_model_path
     from train.reward.versions import fit_reward_model
     from train.reward.votes import split_by_prompt
 
-    reward = RewardModelConfig(**config["reward_model"])
+    reward = config.reward_model
     rows = read_preferences(input_path(job_dir, "preferences"))
     if input_path(job_dir, "rankings").exists():  # [reward_model] rankings = "plackett_luce"
         rows += read_rankings(input_path(job_dir, "rankings"))
     train_rows, eval_rows = split_by_prompt(rows, reward.eval_share)
     events.emit("started", rows_train=len(train_rows), rows_eval=len(eval_rows), reward_model=reward.kind)
-    base = ModelConfig(**config["model"])
+    base = config.model
     metrics = fit_reward_model(
         resolve_model_path(base.name_or_path), base, reward, train_rows, eval_rows, job_dir / "reward_model",
-        config.get("warm_start"), config.get("previous"), Path(config["features_cache"]) if config.get("features_cache") else None,
+        config.warm_start, config.previous, Path(config.features_cache) if config.features_cache else None,
         lambda update: events.emit("progress", **update),
     )
     return {"adapter": "reward_model", "metrics": metrics}
 
 
-def _scores(config: dict[str, Any], prompts: list, texts: list[str], on_scored: Callable[[int], None] | None = None):
-    """(reward, each head's raw score) of each text, by the reward model at config["reward_adapter_path"]."""
+def _scores(base: ModelConfig, reward: RewardModelConfig, adapter_path: str, prompts: list, texts: list[str],
+            on_scored: Callable[[int], None] | None = None):
+    """(reward, each head's raw score) of each text, by the reward model at `adapter_path`."""
     import torch
 
     from train.common.models import resolve_model_path
     from train.reward.scores import reward_and_uncertainty
     from train.reward.versions import load_reward_model
 
-    reward = RewardModelConfig(**config["reward_model"])
-    base = ModelConfig(**config["model"])
-    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(config["reward_adapter_path"]), base)
+    reward_model = load_reward_model(resolve_model_path(base.name_or_path), Path(adapter_path), base)
     scored = []
     step = reward.batch_size * 8  # report progress every few batches
     for start in range(0, len(texts), step):
@@ -133,12 +136,12 @@ def _scores(config: dict[str, Any], prompts: list, texts: list[str], on_scored: 
     return scored
 
 
-def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_score(job_dir: Path, config: ScoreJob, events: Events) -> dict[str, Any]:
     """Score the frozen completions with a reward model; write scores.parquet (the reward and each head's raw score)."""
     table = pq.read_table(input_path(job_dir, "completions")).to_pylist()
     rows = [table[i] for i in distributed.shard(table)]
     events.emit("started", total=len(table))
-    scored = _scores(config, [json.loads(r["prompt"]) for r in rows], [r["text"] for r in rows],
+    scored = _scores(config.model, config.reward_model, config.reward_adapter_path, [json.loads(r["prompt"]) for r in rows], [r["text"] for r in rows],
                      lambda done: whole_share(events, done, len(rows), len(table)))
     distributed.report_share(len(scored), "completions scored")
     scores = distributed.gather([
@@ -149,39 +152,39 @@ def run_score(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
     return {"scores": "scores.parquet"}
 
 
-def run_ppo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_ppo(job_dir: Path, config: PPOJob, events: Events) -> dict[str, Any]:
     """PPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
     from train.common.models import load_model
     from train.policy.ppo import train_ppo
 
-    ppo = PPOConfig(**config["ppo"])
+    ppo = config.ppo
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    model, tokenizer = load_model(ModelConfig(**config["model"]), decode_steps=ppo.steps * ppo.max_new_tokens)  # a batch a step
+    model, tokenizer = load_model(config.model, decode_steps=ppo.steps * ppo.max_new_tokens)  # a batch a step
     events.emit("started", prompts=len(prompts), total_steps=ppo.steps)
 
     def step(stats: dict[str, Any]) -> None:
         events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
 
-    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    policy_dir = Path(config.policy_adapter_path) if config.policy_adapter_path else None
     result = train_ppo(
-        model, tokenizer, prompts, Path(config["reward_adapter_path"]), ppo, job_dir / "policy", policy_dir, step
+        model, tokenizer, prompts, Path(config.reward_adapter_path), ppo, job_dir / "policy", policy_dir, step
     )
     return {"adapter": "policy", "steps": result["steps"]}
 
 
-def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_dpo(job_dir: Path, config: DPOJob, events: Events) -> dict[str, Any]:
     """DPO from the frozen policy (from v0 with [dpo] refit) on the frozen preferences and, given a reward model, on
     pairs it ranks among the policy's answers to the frozen prompts; write policy/."""
     from train.common.device import device
     from train.common.models import load_model
     from train.policy.dpo import train_dpo
 
-    dpo = DPOConfig(**{"refit": False} | config["dpo"])  # a job written before refit continued its start
+    dpo = config.dpo
     human = read_preferences(input_path(job_dir, "preferences"))
-    base = ModelConfig(**config["model"])
+    base = config.model
     # A refit trains a new adapter from v0; the ranked pairs are still the start's answers, as the round serves it.
-    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] and not dpo.refit else None
-    ranked = _ranked_pairs(job_dir, config, dpo, base, events) if config.get("reward_adapter_path") else []
+    policy_dir = Path(config.policy_adapter_path) if config.policy_adapter_path and not dpo.refit else None
+    ranked = _ranked_pairs(job_dir, config, dpo, base, events) if config.reward_adapter_path else []
     model, tokenizer = load_model(base)
     events.emit("started", pairs=len(human) + len(ranked), pairs_human=len(human), pairs_reward_model=len(ranked))
 
@@ -193,20 +196,20 @@ def run_dpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, 
             "pairs_human": len(human), "pairs_reward_model": len(ranked), "label_smoothing": result["label_smoothing"]}
 
 
-def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: ModelConfig, events: Events) -> list:
+def _ranked_pairs(job_dir: Path, config: DPOJob, dpo: DPOConfig, base: ModelConfig, events: Events) -> list:
     """The policy's dpo.candidates answers to each frozen prompt, ranked by the reward model: train.policy.dpo.ranked_pairs."""
     from train.common.models import decode_steps_for, load_model
     from train.policy.dpo import ranked_pairs
     from train.policy.generate import generate
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    generation = dataclasses.replace(GenerationConfig(**config["generation"]), per_prompt=dpo.candidates, seed=data_seed(dpo))
+    generation = dataclasses.replace(config.generation, per_prompt=dpo.candidates, seed=data_seed(dpo))
     steps = decode_steps_for(len(prompts) * dpo.candidates, generation.batch_size, generation.max_new_tokens)
-    model, tokenizer = load_model(base, config["policy_adapter_path"], steps)
+    model, tokenizer = load_model(base, config.policy_adapter_path, steps)
     generated = generate(model, tokenizer, prompts, generation, progress=False,
                          on_progress=lambda done, total: events.emit("progress", done=done, total=total, progress=done / total))
     del model  # the reward model loads the base again: one at a time
-    scored = _scores(config, [prompts[g.prompt_index] for g in generated], [g.text for g in generated])
+    scored = _scores(base, config.reward_model, config.reward_adapter_path, [prompts[g.prompt_index] for g in generated], [g.text for g in generated])
     answers, heads, rewards = ([[] for _ in prompts] for _ in range(3))
     for g, (reward, raw) in zip(generated, scored):
         answers[g.prompt_index].append((g.text, g.finished))
@@ -215,32 +218,32 @@ def _ranked_pairs(job_dir: Path, config: dict[str, Any], dpo: DPOConfig, base: M
     return ranked_pairs(prompts, answers, heads, rewards, dpo.confidence)
 
 
-def run_grpo(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_grpo(job_dir: Path, config: GRPOJob, events: Events) -> dict[str, Any]:
     """GRPO from the frozen policy on the frozen prompts against a reward model; write policy/."""
     from train.common.device import device
     from train.common.models import load_model
     from train.policy.grpo import train_grpo
     from train.reward.versions import read_reward_adapter
 
-    grpo = GRPOConfig(**config["grpo"])
+    grpo = config.grpo
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    base = ModelConfig(**config["model"])
+    base = config.model
     model, tokenizer = load_model(base)
-    reward = read_reward_adapter(Path(config["reward_adapter_path"]))  # rides on the policy's base: one copy of it
+    reward = read_reward_adapter(Path(config.reward_adapter_path))  # rides on the policy's base: one copy of it
     events.emit("started", prompts=len(prompts), total_steps=grpo.steps)
 
     def step(stats: dict[str, Any]) -> None:
         events.emit("progress", **stats, progress=stats["step"] / stats["total_steps"])
 
-    policy_dir = Path(config["policy_adapter_path"]) if config["policy_adapter_path"] else None
+    policy_dir = Path(config.policy_adapter_path) if config.policy_adapter_path else None
     result = train_grpo(model, tokenizer, prompts, reward, grpo, job_dir / "policy", policy_dir, step, on_cpu=device(base).type == "cpu")
     return {"adapter": "policy", "steps": result["steps"]}
 
 
-def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
-    """Predict each candidate's win rate over the round's start (train.policy.predict), or with config["average"] only their
+def run_predict(job_dir: Path, config: PredictJob, events: Events) -> dict[str, Any]:
+    """Predict each candidate's win rate over the round's start (train.policy.predict), or with config.average only their
     average's (train.policy.adapters.average_adapters, saved in "average"), the one the round registers: the start and each
-    policy predicted answer the frozen prompts, and the reward model at config["reward_adapter_path"] scores them."""
+    policy predicted answer the frozen prompts, and the reward model at config.reward_adapter_path scores them."""
     import torch
 
     from train.common.models import decode_steps_for, load_model
@@ -251,13 +254,12 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     from train.reward.scores import reward_and_uncertainty
 
     prompts = [json.loads(r["messages"]) for r in pq.read_table(input_path(job_dir, "prompts")).to_pylist()]
-    generation = GenerationConfig(**config["generation"])
-    base = ModelConfig(**config["model"])
-    candidates = config["candidates"]
-    if config["average"]:  # the candidates are the average's parts, not choices: sampling them would tell nothing used
-        average_adapters([Path(c["adapter_path"]) for c in candidates], job_dir / "average")
-        candidates = [{"job": None, "adapter_path": str(job_dir / "average")}]  # None: the average
-    adapters = [config["start_adapter_path"]] + [c["adapter_path"] for c in candidates]
+    generation, base = config.generation, config.model
+    jobs, adapters = [c.job for c in config.candidates], [c.adapter_path for c in config.candidates]
+    if config.average:  # the candidates are the average's parts, not choices: sampling them would tell nothing used
+        average_adapters([Path(path) for path in adapters], job_dir / "average")
+        jobs, adapters = [None], [str(job_dir / "average")]  # None: the average
+    adapters = [config.start_adapter_path] + adapters
     steps = decode_steps_for(len(prompts) * generation.per_prompt, generation.batch_size, generation.max_new_tokens)
     events.emit("started", policies=len(adapters), prompts=len(prompts), answers=generation.per_prompt)
 
@@ -271,36 +273,37 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
     answers, kls, cuts = [], [], {}  # cuts: {policy: (the share of its step kept, the whole step's KL)}
     for i, adapter in enumerate(adapters):
         generated, kl = sample(i, adapter)
-        if i and config["kl_budget"] and kl > config["kl_budget"]:
+        if i and config.kl_budget and kl > config.kl_budget:
             # Past the budget: the same step from v0, shortened in proportion, where a KL that grows no faster than
             # linearly along the step would land inside. Measured on a few sampled answers it need not: on the tiny
             # model the cut to 0.45 read 0.37 to 1.29 of the whole step's KL over 8 seeds. So it is measured again,
             # and registered only inside the budget.
-            cuts[i] = (KL_BUDGET_TARGET * config["kl_budget"] / kl, kl)
+            cuts[i] = (KL_BUDGET_TARGET * config.kl_budget / kl, kl)
             scale_adapter(Path(adapter), job_dir / f"within-budget-{i}", cuts[i][0])
             generated, kl = sample(i, str(job_dir / f"within-budget-{i}"))
         kls.append(kl)
         answers.append(generated)
     asked = [prompts[a.prompt_index] for group in answers for a in group]
-    raw = torch.tensor([heads for _, heads in _scores(config, asked, [a.text for group in answers for a in group])], dtype=torch.float64)
-    normalised = read_normalization(steering_dir(Path(config["reward_adapter_path"]))).apply(raw)  # (policies x P x N, K)
+    texts = [a.text for group in answers for a in group]
+    raw = torch.tensor([heads for _, heads in _scores(base, config.reward_model, config.reward_adapter_path, asked, texts)], dtype=torch.float64)
+    normalised = read_normalization(steering_dir(Path(config.reward_adapter_path))).apply(raw)  # (policies x P x N, K)
     reward, spread = reward_and_uncertainty(normalised)
-    policies = [None] + [c["job"] for c in candidates]  # None: the start, or the average
+    policies = [None] + jobs  # None: the start, or the average
     per_policy = len(prompts) * generation.per_prompt
     pq.write_table(pa.Table.from_pylist([  # what the predictor saw, to read again
-        {"job": policies[i // per_policy], "average": config["average"] and i >= per_policy, "prompt_index": a.prompt_index, "text": a.text,
+        {"job": policies[i // per_policy], "average": config.average and i >= per_policy, "prompt_index": a.prompt_index, "text": a.text,
          "finished": a.finished, "reward": r, "uncertainty": u, "heads": h}
         for i, (a, r, u, h) in enumerate(zip([a for group in answers for a in group], reward.tolist(), spread.tolist(), normalised.tolist()))
     ]), job_dir / "answers.parquet")
     scores = normalised.reshape(len(adapters), len(prompts), generation.per_prompt, -1)  # (policies, P, N, K)
     predictions = [
-        {"job": candidate["job"], "adapter": f"within-budget-{i}" if i in cuts else None} | dataclasses.asdict(
-            predict(scores[i], scores[0], answers[i], kls[i], config["confidence"], config["draws"], config["seed"], *cuts.get(i, (1.0, None))))
-        for i, candidate in enumerate(candidates, start=1)
+        {"job": job, "adapter": f"within-budget-{i}" if i in cuts else None} | dataclasses.asdict(
+            predict(scores[i], scores[0], answers[i], kls[i], config.confidence, config.draws, config.seed, *cuts.get(i, (1.0, None))))
+        for i, job in enumerate(jobs, start=1)
     ]
     events.emit("progress", progress=1.0)
     start = answers[0]
-    return {"predictions": predictions, "answers": "answers.parquet", "average": "average" if config["average"] else None,
+    return {"predictions": predictions, "answers": "answers.parquet", "average": "average" if config.average else None,
             "start": {"ended": sum(a.finished for a in start) / len(start), "mean_reward": scores[0].mean().item()}}
 
 
@@ -309,7 +312,7 @@ def run_predict(job_dir: Path, config: dict[str, Any], events: Events) -> dict[s
 KL_BUDGET_TARGET = 0.9
 
 
-def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str, Any]:
+def run_judge(job_dir: Path, config: JudgeJob, events: Events) -> dict[str, Any]:
     """Ask the judge model about each frozen pair, in both orders; write judgements.parquet (each pair's
     probability that a is better, both orders together and each alone)."""
     from train.common.models import load_model
@@ -317,11 +320,11 @@ def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
 
     table = pq.read_table(input_path(job_dir, "pairs")).to_pylist()
     pairs = [table[i] for i in distributed.shard(table)]
-    judge = ModelConfig(**config["model"])
+    judge = config.model
     model, tokenizer = load_model(judge)  # no adapter: with [judge] model unset, the starting policy
     events.emit("started", total=len(table))
     judgements = judge_pairs(
-        model, tokenizer, [PairToJudge(json.loads(p["prompt"]), p["text_a"], p["text_b"]) for p in pairs], JudgeConfig(**config["judge"]),
+        model, tokenizer, [PairToJudge(json.loads(p["prompt"]), p["text_a"], p["text_b"]) for p in pairs], config.judge,
         judge.name_or_path, lambda done, total: whole_share(events, done, total, len(table)),
     )
     distributed.report_share(len(judgements), "pairs judged")
@@ -335,7 +338,7 @@ def run_judge(job_dir: Path, config: dict[str, Any], events: Events) -> dict[str
     return {"judgements": "judgements.parquet"}
 
 
-RUNNERS: dict[str, Callable[[Path, dict[str, Any], Events], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[[Path, Any, Events], dict[str, Any]]] = {  # by kind, each given that kind's JobConfig
     "generate": run_generate,
     "reward_model": run_reward_model,
     "score": run_score,
@@ -395,13 +398,23 @@ def peak_memory() -> dict[str, float]:
     return peak
 
 
-def run(job_dir: Path, job: dict[str, Any] | None = None) -> int:
-    """Run the job in `job_dir` (its job.json read already as `job`, where given) in this process; the worker's exit
-    code (1 for a ModelError, said in one line)."""
-    job = job or read_job(job_dir)
+def read_config(job_dir: Path) -> JobConfig:
+    """The job's config, once its inputs are checked against their hashes; a JobConfigError names a field that does not
+    parse."""
+    job = read_job(job_dir)
+    return parse_job_config(job["kind"], job["config"])
+
+
+def run(job_dir: Path, config: JobConfig | None = None) -> int:
+    """Run the job in `job_dir` (its config read already, where given) in this process; the worker's exit code (1 for a
+    ModelError or a config that does not parse, said in one line)."""
     events = Events(job_dir, enabled=distributed.is_main())
     try:
-        result = RUNNERS[job["kind"]](job_dir, job["config"], events)
+        config = config or read_config(job_dir)
+        result = RUNNERS[config.kind](job_dir, config, events)
+    except JobConfigError as e:
+        print(f"error: {job_dir / JOB_FILE}: {e}", file=sys.stderr)
+        return 1
     except ModelError as e:  # a problem with the model or its input, said in one line
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -424,15 +437,17 @@ def main(argv: list[str]) -> None:
     os.nice(NICENESS)
     try:
         job_dir = Path(argv[1])
-        job = read_job(job_dir)  # once: it hashes every input file
-        if job["config"]["model"]["quantization"] == "none":
+        config = None
+        with contextlib.suppress(JobConfigError):  # run() says why, in one line
+            config = read_config(job_dir)  # once: it hashes every input file
+        if config is None or config.model.quantization == "none":
             # PEFT imports bitsandbytes to make any LoRA layer, wherever it is installed, and bitsandbytes compiles its
             # kernels as it is imported: 4.5 s of CPU (torch's compiler's import) in a job that never quantises. A
             # module set to None is one Python treats as absent (importlib.util.find_spec gives None), so PEFT leaves
             # it alone. Only in a worker process of its own: where jobs run in their caller's process (the tests), a
             # later job may quantise.
             sys.modules.setdefault("bitsandbytes", None)
-        code = run(job_dir, job)
+        code = run(job_dir, config)
     finally:
         distributed.close()
     if distributed.world_size() > 1:

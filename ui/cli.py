@@ -35,8 +35,9 @@ from ui.owner.history import round_report, round_summary
 from ui.owner.jobs import evaluate_reward_model, run_to_end, submit_judging, submit_scoring
 from ui.owner.project import Project, ProjectError, init_project, load_project
 from ui.owner.rollback import roll_back
-from ui.owner.round import (is_held_back, run_round, scoring_kind, submit_generation, submit_ppo, submit_reward_training,
-                            trust_status)
+from ui.owner.round import run_round
+from ui.owner.round_jobs import is_held_back, submit_generation, submit_ppo, submit_reward_training
+from ui.owner.round_report import scoring_kind, trust_status
 from ui.owner.simulate import EVAL_PAIRS, Simulation, simulate as simulate_rounds, training_summary
 
 
@@ -141,7 +142,7 @@ def generate(per_prompt: int | None, limit: int | None, policy_version: int | No
         tether generate --per-prompt 2 --limit 20 --project demo
     """
     project = load_project(project_dir)
-    job = submit_generation(project, project.run, limit, per_prompt, policy_version)
+    job = submit_generation(project, project.run, limit=limit, per_prompt=per_prompt, policy_version=policy_version)
     job = run_to_end(project, job, "generating")
     metrics = project.run(job_metrics, job.id)
     click.echo(
@@ -168,7 +169,7 @@ def ppo(reward_version: int | None, policy_version: int | None, project_dir: Pat
     """
     project = load_project(project_dir)
     warn_about_length(project)
-    job = submit_ppo(project, project.run, reward_version, policy_version)
+    job = submit_ppo(project, project.run, reward_version=reward_version, policy_version=policy_version)
     job = run_to_end(project, job, "PPO")
     last = project.run(job_metrics, job.id)
     click.echo(
@@ -206,7 +207,7 @@ def round_command(optimizer: str | None, reward_version: int | None, project_dir
     """
     project = load_project(project_dir)
     warn_about_length(project)
-    round_ = run_round(project, reward_version, optimizer)
+    round_ = run_round(project, reward_version=reward_version, optimizer=optimizer)
     summary = round_summary(project.run, round_.id)
     if round_.policy_to is None:
         click.echo(f"round {round_.id} from v{round_.policy_from}: {round_.note}; {training_summary(project, summary)}")
@@ -417,7 +418,7 @@ def rm_train(include_imported: bool | None, project_dir: Path):
         tether rm train --project demo
     """
     project = load_project(project_dir)
-    job = submit_reward_training(project, project.run, include_imported)
+    job = submit_reward_training(project, project.run, include_imported=include_imported)
     job = run_to_end(project, job, "training")
     reward_model = project.run(get_reward_model, None)
     m = reward_model.metrics  # with kind "auto", the figures of the model that steers
@@ -472,7 +473,7 @@ def rm_score(version: int | None, project_dir: Path):
     job = submit_scoring(project, project.run, version)
     job = run_to_end(project, job, "scoring")
     scored = project.run(job_metrics, job.id)["scored"]
-    click.echo(f"stored rewards from reward model v{job.config['version']} on {scored:.0f} completions")
+    click.echo(f"stored rewards from reward model v{job.config['reward_version']} on {scored:.0f} completions")
 
 
 @cli.command()

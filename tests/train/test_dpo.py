@@ -190,7 +190,7 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
     from store import open_database
     from tests.conftest import DEMO_PROMPTS, held_back_ids, read_parquet, run_tether, set_settings, toy_preferences, vote_every_pair
     from ui.owner.project import load_project
-    from ui.owner.round import submit_dpo
+    from ui.owner.round_jobs import submit_dpo
 
     set_settings(tiny_project, "dpo", batch_size=4, pairs="human", refit=False)
     set_settings(tiny_project, "reward_model", include_imported=True)
@@ -210,7 +210,7 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
 
     # v1 has learnt them: a round from it trains on the votes it has not ([dpo] votes = "new"), whoever's answers they are on.
     again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
-    assert again.returncode == 1 and "no resolved votes that policy v1 has not trained on" in again.stderr
+    assert again.returncode == 1 and "DPO on the votes would train policy v1 on 0 pairs it has not learnt outside the held-back prompts, fewer than [round] min_pairs" in again.stderr
     run_tether("generate", "--policy", "0", "--project", str(tiny_project), check=True)
     vote_every_pair(tiny_project)  # v0's new pairs, and the round's v1 against v0 on the held-back prompts
     held_back = held_back_ids(tiny_project)
@@ -253,7 +253,7 @@ def test_a_refit_round_trains_a_new_adapter_from_v0_on_every_vote_so_far(tiny_pr
     vote_on_demo_pairs(tiny_project)
     assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
     again = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
-    assert again.returncode == 1 and "no resolved votes that policy v1 has not trained on" in again.stderr
+    assert again.returncode == 1 and "DPO on the votes would train policy v1 on 0 pairs it has not learnt outside the held-back prompts, fewer than [round] min_pairs" in again.stderr
     run_tether("generate", "--project", str(tiny_project), check=True)  # v1's pairs
     vote_every_pair(tiny_project)
     assert run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project)).returncode == 0
@@ -307,7 +307,7 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
     from tests.conftest import held_back_ids, read_parquet, run_tether, set_settings, short_training, vote_on_demo_pairs
     from train.runtime.jobdir import read_job
     from ui.owner.project import load_project
-    from ui.owner.round import submit_dpo
+    from ui.owner.round_jobs import submit_dpo
 
     short_training(tiny_project)
     set_settings(tiny_project, "dpo", batch_size=4, epochs=1, pairs="both", prompts=6, candidates=3, confidence=0.5)
@@ -339,6 +339,6 @@ def test_a_dpo_round_on_both_pairs_trains_a_reward_model_and_names_its_human_and
     # By default v1 has not yet shown that it predicts votes it never saw: DPO from v0 gets the votes alone.
     set_settings(tiny_project, "reward_model", trust="once_proven")
     project = load_project(tiny_project)
-    job = submit_dpo(project, project.run, 1, 0)
+    job = submit_dpo(project, project.run, reward_version=1, policy_version=0)
     written = read_job(tiny_project / "jobs" / str(job.id))
-    assert "reward_adapter_path" not in written["config"] and set(written["inputs"]) == {"preferences"}
+    assert written["config"]["reward_adapter_path"] is None and set(written["inputs"]) == {"preferences"}

@@ -16,7 +16,7 @@ from train.common.errors import ModelError
 from train.common.models import load_model
 from train.policy.generate import Sampler, generate
 from ui.owner.config import RoundConfig
-from ui.owner.round import is_held_back
+from ui.owner.round_jobs import is_held_back
 
 def reference_greedy(model, tokenizer, messages, max_new_tokens, eos_ids):
     """One prompt at a time, no padding: plain transformers, the ground truth for batching."""

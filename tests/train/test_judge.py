@@ -17,7 +17,7 @@ from train.common.models import load_model
 from train.reward.judge import Encoder, PairToJudge, judge_pairs
 from ui.owner.jobs import JobError
 from ui.owner.project import load_project
-from ui.owner.round import submit_reward_training
+from ui.owner.round_jobs import submit_reward_training
 
 LONG = " ".join(f"word{i}" for i in range(300))
 

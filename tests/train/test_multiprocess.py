@@ -20,7 +20,7 @@ from tests.conftest import DEMO_PROMPTS, run_tether, score_with_plain_peft, set_
 from train.runtime.jobdir import read_events
 from ui.owner.jobs import run_job, worker_command
 from ui.owner.project import load_project
-from ui.owner.round import submit_generation, submit_ppo, submit_reward_training
+from ui.owner.round_jobs import submit_generation, submit_ppo, submit_reward_training
 
 pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
 

@@ -4,7 +4,6 @@ The reference of PPO, DPO and GRPO is the quantised base with the adapters off, 
 is 0 and DPO's first loss is log 2 on it too; adapters trained on it are plain float32 PEFT files.
 """
 
-import dataclasses
 import gc
 import json
 import math
@@ -36,6 +35,7 @@ from train.policy.ppo import AdaptiveKL, RewardScorer, build, optimizer_for, ppo
 from train.reward.layout import trained_config
 from train.reward.lora import train_reward_model
 from train.reward.versions import load_reward_model, read_reward_adapter
+from train.runtime.job_configs import GenerateJob
 from train.runtime.jobdir import write_job
 
 QUANTIZATIONS = ["4bit", "8bit"]
@@ -304,10 +304,12 @@ def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_n
 def test_only_a_job_on_a_quantised_base_imports_bitsandbytes(tiny_model_dir, tmp_path, quantization):
     # Its import costs a job 4.5 s of CPU, and PEFT imports it to make any LoRA layer where it is installed.
     lora_adapter(tiny_model_dir, tmp_path / "adapter", seed=0)
-    config = {"model": dataclasses.asdict(ModelConfig(name_or_path=str(tiny_model_dir), device="cpu", quantization=quantization)),
-              "generation": dataclasses.asdict(GenerationConfig(max_new_tokens=4, per_prompt=2)), "adapter_path": str(tmp_path / "adapter")}
-    prompts = pa.Table.from_pylist([{"prompt_id": "p1", "messages": json.dumps(DPO_PROMPTS[0])}])
-    write_job(tmp_path / "job", "generate", config, {"prompts": prompts})
+    config = GenerateJob(model=ModelConfig(name_or_path=str(tiny_model_dir), device="cpu", quantization=quantization),
+                         generation=GenerationConfig(max_new_tokens=4, per_prompt=2), policy_version=1,
+                         policy_adapter_path=str(tmp_path / "adapter"), against=None, reward_model=RewardModelConfig(),
+                         reward_adapter_path=None, pairs_per_prompt=None, unpaired_prompts=[])
+    prompts = pa.Table.from_pylist([{"prompt_id": 1, "messages": json.dumps(DPO_PROMPTS[0])}])
+    write_job(tmp_path / "job", config, {"prompts": prompts})
     # The worker process as `python -m train.worker JOB_DIR`, saying at its exit whether bitsandbytes was imported.
     probe = ("import atexit, runpy, sys; atexit.register(lambda: print(sys.modules.get('bitsandbytes') is not None)); "
              "sys.argv = ['train.worker', sys.argv[1]]; runpy.run_module('train.worker', run_name='__main__')")

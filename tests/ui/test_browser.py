@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("playwright.sync_api")
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 
-from tests.conftest import REPO, RunningServer, add_pairs, add_users, run_tether, set_settings  # noqa: E402
+from tests.conftest import REPO, RunningServer, add_pairs, add_users, complete_round, run_tether, set_settings  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -360,7 +360,7 @@ def make_rounds(project: Path, prompts: int = 6) -> None:
     from store.policies import add_policy
     from store.prompt_files import NewPrompt
     from store.prompts import add_prompts
-    from store.rounds import add_round, finish_round, set_choice, set_policy_to
+    from store.rounds import add_round, set_choice, set_policy_to
     from ui.owner.project import load_project
 
     config = load_project(project).config
@@ -384,7 +384,7 @@ def make_rounds(project: Path, prompts: int = 6) -> None:
             add_pair_rows(con, [NewPair(p, new.id, old.id, "cross_version")
                                 for p, new, old in zip(prompt_ids, answers[version], answers[version - 1])])
             set_policy_to(con, round_.id, version)
-            finish_round(con, round_.id, "done", utcnow())
+            complete_round(con, round_.id)
         for pair_id, in con.execute("SELECT id FROM pairs ORDER BY id").fetchall():
             con.execute("INSERT INTO comparisons (pair_id, annotator, choice) VALUES (?, 'olga', ?)", [pair_id, "b" if pair_id % 6 == 0 else "a"])
 

@@ -14,11 +14,13 @@ from gradio_client import Client
 
 from store import open_database
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client, run_tether, set_settings, wait_for, worker_pids
+from train.common.config import JudgeConfig, ModelConfig
+from train.runtime.job_configs import JudgeJob
 from train.runtime.jobdir import OWNER_PID_ENV, RESULT_FILE, JobDirError, read_events, read_job, write_job
 from train.worker import NICENESS
 from ui.owner.jobs import WORKER_ENV, run_job
 from ui.owner.project import job_dir, load_project
-from ui.owner.round import submit_generation
+from ui.owner.round_jobs import submit_generation
 
 pytestmark = pytest.mark.worker_process  # about the worker process itself: its jobs start real workers
 
@@ -114,7 +116,7 @@ def test_a_worker_runs_in_its_own_session_and_dies_with_a_server_killed_by_kill_
 def queue_generation(project_dir: Path) -> Path:
     """A slow generation job queued and not run: its directory."""
     project = load_project(project_dir)
-    return job_dir(project, submit_generation(project, project.run, None, 4).id)
+    return job_dir(project, submit_generation(project, project.run, per_prompt=4).id)
 
 
 # The app's part of running a job, in a process of its own, so that the test can kill it: run_job
@@ -171,17 +173,18 @@ def test_a_failing_worker_is_reported_by_the_cli_with_its_log(tiny_project, tmp_
 def test_a_job_run_here_that_raises_fails_with_its_traceback_and_the_next_runs(tiny_project):
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
     project = load_project(tiny_project)
-    broken = submit_generation(project, project.run, 1, 1)
+    broken = submit_generation(project, project.run, limit=1, per_prompt=1)
     (job_dir(project, broken.id) / "inputs" / "prompts.parquet").write_bytes(b"changed")
     failed = run_job(project, project.run, broken, here=True)
     assert failed.status == "failed" and failed.error.startswith("the worker exited with code 1:")
     assert "Traceback" in failed.error and "changed after the job was written" in failed.error
-    assert run_job(project, project.run, submit_generation(project, project.run, 1, 1), here=True).status == "done"
+    assert run_job(project, project.run, submit_generation(project, project.run, limit=1, per_prompt=1), here=True).status == "done"
     assert completions(tiny_project) == 1
 
 
 def test_job_inputs_are_frozen_by_their_hashes(tmp_path):
-    job = write_job(tmp_path / "job", "generate", {"x": 1}, {"prompts": pa.table({"prompt_id": [1, 2]})})
+    config = JudgeJob(model=ModelConfig(), judge=JudgeConfig(), annotator="ai:judge")
+    job = write_job(tmp_path / "job", config, {"prompts": pa.table({"prompt_id": [1, 2]})})
     assert read_job(tmp_path / "job") == job == json.loads((tmp_path / "job" / "job.json").read_text())
     (tmp_path / "job" / "inputs" / "prompts.parquet").write_bytes(b"changed")
     with pytest.raises(JobDirError, match="changed after the job was written"):
@@ -206,7 +209,7 @@ SAY_ALLOCATOR = "import os, sys; print('threshold', os.environ.get('MALLOC_MMAP_
 def test_workers_start_with_glibc_returning_freed_memory_unless_the_setting_is_off(slow_project, release):
     set_settings(slow_project, "worker", release_memory=release)
     project = load_project(slow_project)
-    job = submit_generation(project, project.run, None, 4)
+    job = submit_generation(project, project.run, per_prompt=4)
     failed = run_job(project, project.run, job, command=[sys.executable, "-c", SAY_ALLOCATOR])
     assert failed.status == "failed"
     assert ("threshold 131072" if release else "threshold None") in failed.error

@@ -16,8 +16,8 @@ from store.jobs import add_job, add_metrics, finish_job
 from store.policies import add_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
-from store.rounds import add_round, finish_round, set_policy_to
-from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, app_client, run_tether, set_settings, short_training, vote_every_pair
+from store.rounds import add_round, set_policy_to
+from tests.conftest import DEMO_PROMPTS, RunningServer, add_users, app_client, complete_round, run_tether, set_settings, short_training, vote_every_pair
 from ui.owner.history import round_history, round_warnings
 from ui.web.loop import CURVES
 
@@ -132,34 +132,32 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
             assert [step for step, _ in points] == steps, title
 
 
-def test_the_scheduler_starts_a_round_and_one_with_too_few_pairs_ends_saying_so(tiny_project):
-    """[round] every_comparisons and [round] min_pairs in the app: the scheduler starts a round once enough votes came
-    in, and no second one without new votes; the round trains its reward model and ends with no version, in the round
-    table; started again with no new vote, it reuses that model and ends at once, and the start button says why."""
+def test_a_scheduled_round_with_too_few_pairs_is_not_started_and_the_loop_view_says_why(tiny_project):
+    """[round] every_comparisons and [round] min_pairs in the app: a round is due once enough votes came in, but DPO on
+    the votes would have fewer pairs than min_pairs to learn: the scheduler records no round and trains no reward model,
+    and the status line says why and when it tries again; the start button refuses for the same reason."""
     set_settings(tiny_project, "dpo", pairs="human")
     set_settings(tiny_project, "round", min_pairs=1000, optimizer="dpo")  # what a scheduled round runs
+    reason = (r"DPO on the votes would train policy v0 on (\d+) pairs it has not learnt outside the held-back prompts, "
+              r"fewer than \[round\] min_pairs = 1000: collect votes on the pairs `tether generate` makes")
     with loop_app(tiny_project) as (operator, _):
         assert operator.predict(api_name="/round_status") == "No round running; the scheduler is off."
         assert operator.predict(3, api_name="/set_schedule") == "A round starts every 3 new comparisons."
         # Every v0 pair was voted on before the app started, so those votes already count: a round is due.
         deadline = time.monotonic() + 60
-        while not operator.predict(api_name="/round_status").startswith("Round 1") and time.monotonic() < deadline:
+        while "no round started" not in (status := operator.predict(api_name="/round_status")) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert "the scheduler starts a round every 3 new comparisons" in operator.predict(api_name="/round_status")
-        wait_for_no_round(operator, set())
-        time.sleep(2)  # no new votes since round 1 started: no second round
-        _, settings, *_ = operator.predict(None, api_name="/rounds")
-        assert [row[:2] for row in settings["data"]] == [[1, "done"]]
+        waiting = re.fullmatch(r"No round running; the scheduler starts a round every 3 new comparisons, but no round "
+                               rf"started: {reason}; next try in 5 s\.", status)
+        assert waiting and int(waiting.group(1)) > 0, status
+        with pytest.raises(Exception, match=reason):
+            operator.predict(None, "dpo", api_name="/start_round")
         assert operator.predict(0, api_name="/set_schedule") == "The scheduler is off."
-        again = operator.predict(None, "dpo", api_name="/start_round")
-        assert re.fullmatch(r"Round 2 trained nothing: reward model v1 reused: the votes hold nothing it did not train on; "
-                            r"DPO on the votes would train on \d+ pairs, fewer than \[round\] min_pairs = 1000: nothing "
-                            r"trained, and the votes carry over to the next round\.", again), again
-        history, settings, *_ = operator.predict(None, api_name="/rounds")
+        assert operator.predict(api_name="/round_status") == "No round running; the scheduler is off."
     assert "every_comparisons = 0" in (tiny_project / "tether.toml").read_text()
-    rows = [dict(zip(history["headers"], shown)) | dict(zip(settings["headers"], why)) for shown, why in zip(history["data"], settings["data"])]
-    assert [(r["round"], r["status"], r["policy"]) for r in rows] == [(2, "done", "v0 →"), (1, "done", "v0 →")]
-    assert rows[1]["why it ran so"].startswith("DPO on the votes would train on ") and rows[1]["reward model"] == "v1 (head)"
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM rounds").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM jobs WHERE kind <> 'generate'").fetchone() == (0,)
 
 
 def shown_curves(plots: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -202,7 +200,7 @@ def test_warnings_name_people_preferring_the_old_policy_while_reward_rose_and_dr
             add_metrics(con, job.id, [(step, {"score": score, "kl": 0.1 * step})])
         finish_job(con, job.id, "done", utcnow())
         set_policy_to(con, round_.id, 1)
-        finish_round(con, round_.id, "done", utcnow())
+        complete_round(con, round_.id)
         old = add_completions(con, [NewCompletion(p, 0, f"A short answer about topic {p}.", 8, True, {}) for p in prompt_ids])
         new = add_completions(con, [NewCompletion(p, 1, "great great great " * 10, 31, False, {}) for p in prompt_ids])
         add_pairs(con, [NewPair(p, a.id, b.id, "cross_version") for p, a, b in zip(prompt_ids, new, old)])

@@ -24,7 +24,7 @@ from ui.owner import recovery
 from ui.owner.jobs import run_job
 from ui.owner.project import init_project, job_dir, load_project
 from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV, record_worker
-from ui.owner.round import submit_reward_training
+from ui.owner.round_jobs import submit_reward_training
 from ui.web.app import Server
 
 INGEST_STEPS = ["after_intent", "after_rename", "before_commit", "after_commit"]

@@ -21,7 +21,7 @@ from train.common.config import RewardModelConfig
 from train.common.snapshot import PreferenceRow, read_preferences
 from train.runtime.jobdir import read_job
 from ui.owner.project import load_project
-from ui.owner.round import is_held_back, steers, submit_generation
+from ui.owner.round_jobs import is_held_back, steers, submit_generation
 
 from tests.conftest import DEMO_PROMPTS, RunningServer, add_pairs, add_users, app_client, run_tether, score_with_plain_peft, set_settings, toy_preferences, wait_for, worker_pids
 
@@ -111,7 +111,7 @@ def test_rm_train_registers_a_lora_version_with_its_snapshot_and_metrics(tiny_pr
     # not the 4 a pair the reward model would choose from.
     project = load_project(tiny_project)
     held_back = [p for p in project.run(prompts_to_generate, 0, None) if is_held_back(p, project.config.round.held_back_share)]
-    job = submit_generation(project, project.run, None, 2, 0, held_back)
+    job = submit_generation(project, project.run, per_prompt=2, policy_version=0, prompts=held_back)
     assert job.config["generation"]["per_prompt"] == 2 and job.config["pairs_per_prompt"] is None
     assert job.config["unpaired_prompts"] == [p.id for p in held_back] != []
 
@@ -261,7 +261,7 @@ def test_with_plackett_luce_each_ranking_trains_whole_its_pairs_stay_out_and_a_w
     from train.reward.votes import split_by_prompt
     from ui.owner.jobs import run_to_end
     from ui.owner.project import load_project
-    from ui.owner.round import submit_reward_training
+    from ui.owner.round_jobs import submit_reward_training
 
     set_settings(tiny_project, "queue", answers_per_task=4)
     set_settings(tiny_project, "reward_model", kind="lora", rankings="plackett_luce", batch_size=4, epochs=1)

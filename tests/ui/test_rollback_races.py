@@ -14,7 +14,7 @@ from train.runtime.jobdir import RESULT_FILE
 from ui.owner.jobs import run_job
 from ui.owner.project import job_dir, load_project
 from ui.owner.rollback import roll_back
-from ui.owner.round import submit_dpo
+from ui.owner.round_jobs import submit_dpo
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from store.policies import Policy, add_policy, get_policy
 from store.prompt_files import NewPrompt
 from store.prompts import add_prompts
 from store.reward_models import add_reward_model
-from store.rounds import add_round, finish_round, list_rounds, set_policy_to
-from tests.conftest import run_tether, set_settings
+from store.rounds import add_round, list_rounds, set_policy_to
+from tests.conftest import complete_round, run_tether, set_settings
 from ui.owner.history import describe, round_history, round_summary, round_warnings
 from ui.owner.project import Project, init_project, load_project
 from ui.owner.rollback import roll_back
@@ -80,7 +80,7 @@ def project_with_round(root: Path, votes: list[tuple[int, int, str]], score_gain
             add_metrics(con, job.id, [(1, {"score": 0.0, "kl": 0.0}), (2, {"score": score_gain, "kl": 0.1})])
             finish_job(con, job.id, "done", utcnow())
         set_policy_to(con, round_.id, 1)
-        finish_round(con, round_.id, "done", utcnow())
+        complete_round(con, round_.id)
         for i, (prompt, (new_tokens, old_tokens, winner)) in enumerate(zip(prompt_ids, votes)):
             new, old = add_completions(con, [
                 NewCompletion(prompt, 1, f"the new answer number {i}", new_tokens, True, {}),
@@ -197,7 +197,7 @@ def test_rollback_registers_a_copy_of_the_chosen_version_and_the_next_round_star
     assert rows == [(0, None, None, None), (1, 0, "policies/v1", None), (2, 1, "policies/v2", None), (3, 1, "policies/v3", 2)]
     assert project.run(get_policy, None).version == 3
 
-    _, job = start_round(project, project.run, 1, optimizer="ppo")
+    _, job = start_round(project, project.run, reward_version=1, optimizer="ppo")
     assert job.kind == "ppo" and job.config["policy_version"] == 3
     assert job.config["policy_adapter_path"] == str(project.root / "policies" / "v3")
     with pytest.raises(StoreError, match="round 1 is running"):
@@ -260,7 +260,7 @@ def test_when_people_rate_the_newest_version_below_its_start_the_next_round_star
     vote_between(project, new=2, old=1, new_wins=4, votes=16)
     set_settings(project.root, "round", start_from=start_from)
     project = load_project(project.root)
-    _, job = start_round(project, project.run, 1, optimizer="ppo")
+    _, job = start_round(project, project.run, reward_version=1, optimizer="ppo")
     [round_] = project.run(list_rounds)
     if start_from == "newest":
         assert (job.config["policy_version"], round_.policy_from, round_.note) == (2, 2, None)
@@ -274,5 +274,5 @@ def test_when_people_rate_the_newest_version_below_its_start_the_next_round_star
 
 def test_a_lead_of_a_few_votes_does_not_move_the_start(two_versions):
     vote_between(two_versions, new=2, old=1, new_wins=4, votes=12)  # 86% sure that v1 is better: not enough
-    _, job = start_round(two_versions, two_versions.run, 1, optimizer="ppo")
+    _, job = start_round(two_versions, two_versions.run, reward_version=1, optimizer="ppo")
     assert job.config["policy_version"] == 2 and two_versions.run(list_rounds)[0].note is None

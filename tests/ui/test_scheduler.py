@@ -14,7 +14,7 @@ from tests.conftest import RunningServer, add_pairs, add_users, app_client, set_
 from ui.owner.project import load_project
 from ui.owner.runner import JobQueue, RetryWait
 
-REFUSED = "no round started: no resolved comparisons to train on yet: collect votes first"
+REFUSED = "no round started: no resolved comparisons to train on yet: 0 of 3 pairs resolved by a vote it trains on; collect votes first"
 
 
 def due_but_refused(project: Path) -> None:

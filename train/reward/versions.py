@@ -17,19 +17,19 @@ from train.reward.layout import STEERING_FILE, RewardAdapter, is_head, steering_
 from train.reward.lora import ProgressFn, load_lora, plan_warm_start, read_lora_adapter, train_reward_model
 from train.reward.scores import RewardModel
 from train.reward.votes import Row, as_pairs
+from train.runtime.job_configs import PreviousRewardModel
 
 
 def fit_reward_model(
     model_path: str, base: ModelConfig, reward: RewardModelConfig, train_rows: list[Row], eval_rows: list[Row], out: Path,
-    warm_start: dict[str, Any] | None = None, previous: dict[str, Any] | None = None, features_cache: Path | None = None,
+    warm_start: PreviousRewardModel | None = None, previous: PreviousRewardModel | None = None, features_cache: Path | None = None,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Fit a reward model of reward.kind on the base at model_path, loaded as `base` says, and save it to `out`; its
     metrics. Kind "auto" fits both, in out/head and out/lora, and out/steering.json names the one that steers.
 
-    With warm_start ({"version", "adapter_path", "new_pair_ids", "new_ranking_ids"}) the LoRA model continues from that
-    version on the pairs and rankings it has not seen plus a replay sample; without, it starts from scratch. With
-    previous (the same keys) the head first measures that version's head on the votes it never saw. Each update to
+    With warm_start the LoRA model continues from that version on the pairs and rankings it has not seen plus a replay
+    sample; without, it starts from scratch. With previous the head first measures that version's head on the votes it never saw. Each update to
     on_progress carries "progress", the share of the whole fit done.
     """
     if reward.kind == "head":
@@ -56,29 +56,29 @@ def _part(on_progress: ProgressFn | None, start: float, end: float) -> ProgressF
     return progress
 
 
-def _is_new(seen: dict[str, Any]) -> Callable[[Row], bool]:
+def _is_new(seen: PreviousRewardModel) -> Callable[[Row], bool]:
     """Whether a row is one of the pairs and rankings a version never saw."""
-    new_pair_ids, new_ranking_ids = set(seen["new_pair_ids"]), set(seen.get("new_ranking_ids", []))
+    new_pair_ids, new_ranking_ids = set(seen.new_pair_ids), set(seen.new_ranking_ids)
     return lambda row: row.ranking_id in new_ranking_ids if isinstance(row, RankingRow) else row.pair_id in new_pair_ids
 
 
 def _fit_lora(model_path: str, base: ModelConfig, reward: RewardModelConfig, train_rows: list[Row], eval_rows: list[Row],
-              out: Path, warm_start: dict[str, Any] | None, progress: ProgressFn) -> dict[str, Any]:
+              out: Path, warm_start: PreviousRewardModel | None, progress: ProgressFn) -> dict[str, Any]:
     plan = None
     if warm_start:
-        plan = plan_warm_start(Path(warm_start["adapter_path"]), warm_start["version"], train_rows, eval_rows, _is_new(warm_start),
+        plan = plan_warm_start(Path(warm_start.adapter_path), warm_start.version, train_rows, eval_rows, _is_new(warm_start),
                                reward.replay, reward.seed)
     return {"kind": "lora"} | train_reward_model(model_path, train_rows, eval_rows, reward, out, progress, plan, base)
 
 
 def _fit_head(model_path: str, base: ModelConfig, reward: RewardModelConfig, train_rows: list[Row], eval_rows: list[Row],
-              out: Path, previous: dict[str, Any] | None, features_cache: Path | None, progress: ProgressFn) -> dict[str, Any]:
+              out: Path, previous: PreviousRewardModel | None, features_cache: Path | None, progress: ProgressFn) -> dict[str, Any]:
     """The head fits pairs: a ranking is fitted as the pairs of its answers that are not tied."""
     before = None
     if previous:
         is_new = _is_new(previous)
         new = [row for row in train_rows + eval_rows if is_new(row)]
-        before = Previous(Path(previous["adapter_path"]), previous["version"], as_pairs(new))
+        before = Previous(Path(previous.adapter_path), previous.version, as_pairs(new))
     return train_head_model(model_path, as_pairs(train_rows), as_pairs(eval_rows), reward, out, base, features_cache, before,
                             progress)
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from train.common.files import write_durably
+from train.runtime.job_configs import JobConfig, job_config_json
 
 JOB_FILE = "job.json"
 EVENTS_FILE = "events.jsonl"
@@ -35,15 +36,16 @@ class JobDirError(Exception):
     """A job directory that is incomplete or was changed after it was written."""
 
 
-def write_job(job_dir: Path, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table]) -> dict[str, Any]:
-    """Freeze the inputs as Parquet and describe the job; returns what job.json holds."""
+def write_job(job_dir: Path, config: JobConfig, inputs: dict[str, pa.Table]) -> dict[str, Any]:
+    """Freeze the inputs as Parquet and describe the job; returns what job.json holds (its config parsed by
+    train.runtime.job_configs.parse_job_config)."""
     (job_dir / "inputs").mkdir(parents=True)
     hashes = {}
     for name, table in inputs.items():
         path = job_dir / "inputs" / f"{name}.parquet"
         pq.write_table(table, path)
         hashes[name] = _sha256(path)
-    job = {"kind": kind, "config": config, "inputs": hashes}
+    job = {"kind": config.kind, "config": job_config_json(config), "inputs": hashes}
     write_durably(job_dir / JOB_FILE, json.dumps(job, indent=1))
     return job
 

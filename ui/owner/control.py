@@ -140,12 +140,15 @@ def from_this_machine(client: str | None, local: str | None) -> bool:
 
 
 def _check_arguments(action: Callable[..., Any], args: list) -> None:
-    """A TypeError unless `args` are what the action takes after its connection and project, each of its type."""
+    """A TypeError unless `args` are what the action takes after its connection and project, each of its type, and
+    each int one the database can hold (JSON's numbers have no bounds, and DuckDB's BIGINT failed on 2**63)."""
     signature = inspect.signature(action)
     signature.bind(None, None, *args)
     for parameter, value in zip(list(signature.parameters.values())[2:], args):
         if type(value) is not parameter.annotation:  # bool is no int here, nor 1 a bool
             raise TypeError(f"{parameter.name} must be {parameter.annotation.__name__}, not {type(value).__name__}")
+        if type(value) is int and not -(2**63) <= value < 2**63:
+            raise TypeError(f"{parameter.name} must be an int of 64 bits")
 
 
 def routes(server: Any) -> list:

@@ -16,7 +16,8 @@ from store.stats import version_games, version_votes
 from train.common.config import RewardModelConfig
 from ui.owner.config import TetherConfig
 from ui.owner.jobs import Run
-from ui.owner.round import MIN_VOTES, chosen_by_auto, rollback_target, scoring_kind, trust_status
+from ui.owner.round import MIN_VOTES, rollback_target
+from ui.owner.round_report import scoring_kind, trust_status
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ def describe(summary: RoundSummary) -> dict[str, Any]:
         "round": round_.id,
         "status": round_.status,
         "policy": f"v{round_.policy_from} → v{round_.policy_to}" if round_.policy_to is not None else f"v{round_.policy_from} →",
-        "ran": round_.optimizer.upper() + (" (auto)" if chosen_by_auto(round_) else ""),
+        "ran": round_.optimizer.upper() + (" (auto)" if round_.chosen_by_auto else ""),
         "reward model": f"v{round_.reward_version} ({summary.reward_model_kind})" if summary.reward_model_kind else "",
         "RM accuracy": "" if summary.reward_pairs is None else measured_share(summary.reward_accuracy, summary.reward_pairs),
         "optimizer": _settings(summary),

@@ -17,6 +17,7 @@ from store.policies import POLICY_JOBS, add_policy, policy_versions
 from store.reward_models import add_reward_model, add_snapshot, next_reward_model_version
 from store.rounds import AVERAGE, add_candidate, add_note, get_round, set_policy_to, set_reward_version, set_verdict
 from train.policy.predict import Prediction, choose
+from train.runtime.job_configs import DPOJob, GenerateJob, GRPOJob, PPOJob, parse_job_config
 from train.runtime.jobdir import input_path, read_events, read_job
 from ui.owner.project import Project, job_dir
 from ui.owner.recovery import register_adapter
@@ -24,16 +25,16 @@ from ui.owner.recovery import register_adapter
 
 def ingest_generation(con: Connection, job: Job, directory: Path, result: dict[str, Any], project: Project) -> None:
     """Store the completions, the pairs built from them, and the job as done: all or nothing."""
+    config: GenerateJob = parse_job_config(job.kind, job.config)
     rows = pq.read_table(directory / result["completions"]).to_pylist()
     completions = [
-        NewCompletion(r["prompt_id"], job.config["policy_version"], r["text"], r["token_count"], r["finished"], job.config["sampling"],
+        NewCompletion(r["prompt_id"], config.policy_version, r["text"], r["token_count"], r["finished"], config.generation.sampling_params(),
                       r.get("reward"), r.get("reward_heads"))
         for r in rows
     ]
     with transaction(con):
         stored, pairs = add_completions_with_pairs(
-            con, completions, project.config.queue, job.config.get("against"), job.config.get("pairs_per_prompt"),
-            set(job.config.get("unpaired_prompts", [])),
+            con, completions, project.config.queue, config.against, config.pairs_per_prompt, set(config.unpaired_prompts),
         )
         add_metrics(con, job.id, [(0, {"completions": len(stored), "pairs": len(pairs), "prompts": len({c.prompt_id for c in stored})})])
         finish_job(con, job.id, "done", utcnow())
@@ -73,7 +74,7 @@ def ingest_judgements(con: Connection, job: Job, directory: Path, result: dict[s
     # How often a single order's answer was the first-placed one: 0.5 for a judge without a bias for either place.
     first_place = sum((r["p_a_first"] > 0.5) + (r["p_a_second"] < 0.5) for r in rows) / (2 * len(rows))
     with transaction(con):
-        added = add_ai_votes(con, job.config["annotator"], [(r["pair_id"], r["choice"], r["p_a"]) for r in rows], utcnow())
+        added = add_ai_votes(con, parse_job_config(job.kind, job.config).annotator, [(r["pair_id"], r["choice"], r["p_a"]) for r in rows], utcnow())
         add_metrics(con, job.id, [(0, {
             "judged": len(rows), "votes_added": added, "first_place_share": first_place,
             "prompts_cut": sum(r["prompt_cut"] for r in rows), "answers_cut": sum(r["answers_cut"] for r in rows),
@@ -88,7 +89,8 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
     if counts := {k: result[k] for k in ("pairs", "pairs_too_long", "pairs_human", "pairs_reward_model", "label_smoothing")
                   if k in result}:  # DPO's
         steps.append((0, counts))
-    if job.config.get("candidate") is not None:
+    config: PPOJob | DPOJob | GRPOJob = parse_job_config(job.kind, job.config)
+    if config.candidate is not None:
         with transaction(con):
             add_metrics(con, job.id, steps)
             finish_job(con, job.id, "done", utcnow())
@@ -97,7 +99,7 @@ def ingest_policy(con: Connection, job: Job, directory: Path, result: dict[str, 
     target = Path("policies") / f"v{version}"
 
     def add_rows() -> None:
-        add_policy(con, version, str(target), parent=job.config["policy_version"], round=job.round, job=job.id)
+        add_policy(con, version, str(target), parent=config.policy_version, round=job.round, job=job.id)
         if job.round is not None:
             set_policy_to(con, job.round, version)
         add_metrics(con, job.id, steps)
@@ -118,13 +120,14 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
     register = "average" if averaged else "best" if settings.register == "average" else settings.register
     chosen, verdicts = choose(predictions, settings.kl_budget, register)
     round_ = get_round(con, job.round)
-    candidates = len(job.config["candidates"])
+    parts = parse_job_config(job.kind, job.config).candidates
+    candidates = len(parts)
 
     def add_rows() -> None:
         if averaged:
             add_candidate(con, round_.id, job.id, AVERAGE, None)
-            for part in job.config["candidates"]:
-                set_verdict(con, round_.id, part["job"], None, False, f"averaged into job {job.id}'s average")
+            for part in parts:
+                set_verdict(con, round_.id, part.job, None, False, f"averaged into job {job.id}'s average")
         for i, (job_id, prediction, verdict) in enumerate(zip(jobs, predictions, verdicts)):
             set_verdict(con, round_.id, job_id, dataclasses.asdict(prediction), i == chosen, verdict)
         add_metrics(con, job.id, [(0, {f"start_{name}": value for name, value in result["start"].items()})])

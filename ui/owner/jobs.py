@@ -7,7 +7,6 @@ is decided where it is asked for (ui.owner.round, for a round's jobs and their c
 """
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -16,12 +15,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Concatenate, ParamSpec, Protocol, TypeVar
 
 import pyarrow as pa
 from tqdm import tqdm
 
-from store import StoreError
+from store import Connection, StoreError
 from store.ai_votes import judge_annotator, pairs_to_judge
 from store.completions import completions_to_score
 from store.db import utcnow
@@ -29,12 +28,21 @@ from store.jobs import Job, add_job, add_metrics, finish_job, get_job, set_progr
 from store.pref_files import read_preference_file
 from store.reward_models import RewardModel, get_reward_model
 from train.common.snapshot import PreferenceRow
+from train.runtime.job_configs import JobConfig, JobConfigError, JudgeJob, ScoreJob, checked, job_config_json
 from train.runtime.jobdir import ALLOCATOR_ENV, LOG_FILE, OWNER_PID_ENV, log_tail, read_events, read_result, write_job
 from ui.owner.ingest import INGESTERS
 from ui.owner.project import Project, job_dir
 from ui.owner.recovery import reconcile, record_worker
 
-Run = Callable[..., Any]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """Runs a store function on the database, given its arguments after the connection: `run(get_job, 3)`."""
+
+    def __call__(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
 
 POLL_SECONDS = 0.5
 
@@ -45,11 +53,9 @@ class JobError(StoreError):
     """A job that cannot be queued as asked."""
 
 
-def submit(
-    project: Project, run: Run, kind: str, config: dict[str, Any], inputs: dict[str, pa.Table], round_id: int | None = None
-) -> Job:
-    """Queue a job of `kind` with its config and frozen inputs, its directory written; refused, with nothing queued,
-    where this machine cannot run it."""
+def submit(project: Project, run: Run, config: JobConfig, inputs: dict[str, pa.Table], round_id: int | None = None) -> Job:
+    """Queue a job of config's kind with its frozen inputs, its directory written; refused, with nothing queued, where
+    its config does not read back as the worker will read it (the field named), or this machine cannot run it."""
     from train.common.errors import ModelError
     from train.runtime.hardware import check_runs_here
 
@@ -58,10 +64,14 @@ def submit(
     except ModelError as e:
         raise JobError(str(e)) from None
     check_gpus(project)
-    job = run(add_job, kind, config, round_id)
+    try:
+        config = checked(config)
+    except JobConfigError as e:
+        raise JobError(str(e)) from None
+    job = run(add_job, config.kind, job_config_json(config), round_id)
     directory = job_dir(project, job.id)
     try:
-        write_job(directory, kind, config, inputs)
+        write_job(directory, config, inputs)
     except OSError as e:
         run(finish_job, job.id, "failed", utcnow(), f"cannot write {directory}: {e}")
         raise JobError(f"cannot write the job directory {directory}: {e}") from None
@@ -217,13 +227,9 @@ def submit_scoring(project: Project, run: Run, version: int | None = None) -> Jo
     if not rows:
         raise JobError("the project has no completions to score: generate some with `tether generate`")
     table = pa.Table.from_pylist([{"completion_id": i, "prompt": prompt, "text": text} for i, prompt, text in rows])
-    config = {
-        "model": dataclasses.asdict(project.config.model),
-        "reward_model": dataclasses.asdict(project.config.reward_model),
-        "version": reward_model.version,
-        "reward_adapter_path": str(project.root / reward_model.adapter_path),
-    }
-    return submit(project, run, "score", config, {"completions": table})
+    config = ScoreJob(model=project.config.model, reward_model=project.config.reward_model, reward_version=reward_model.version,
+                      reward_adapter_path=str(project.root / reward_model.adapter_path))
+    return submit(project, run, config, {"completions": table})
 
 
 def submit_judging(project: Project, run: Run, limit: int | None = None, read: Run | None = None) -> Job:
@@ -237,8 +243,7 @@ def submit_judging(project: Project, run: Run, limit: int | None = None, read: R
     table = pa.Table.from_pylist(
         [{"pair_id": p.pair_id, "prompt": json.dumps(p.prompt), "text_a": p.text_a, "text_b": p.text_b} for p in pairs]
     )
-    config = {"model": dataclasses.asdict(model), "judge": dataclasses.asdict(project.config.judge), "annotator": annotator}
-    return submit(project, run, "judge", config, {"pairs": table})
+    return submit(project, run, JudgeJob(model=model, judge=project.config.judge, annotator=annotator), {"pairs": table})
 
 
 def evaluate_reward_model(project: Project, version: RewardModel, data_file: Path, on_scored: Callable[[int], Any]) -> Any:

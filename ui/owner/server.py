@@ -24,7 +24,7 @@ from store.db import NotSaved, utcnow
 from store.jobs import Job
 from store.prompt_files import read_prompt_file
 from store.prompts import ImportResult, add_prompts
-from store.rounds import current_job_id, finish_round, running_round
+from store.rounds import Stage, current_job_id, move_round, running_round
 from store.users import User, get_user, set_password_hash
 from ui.owner import control
 from ui.owner.auth import Sessions, SignInGuard
@@ -139,7 +139,7 @@ class Server:
         if round_ is None:
             raise Refused("No round is running.")
         # The round first, so the job queue does not go on to its next job.
-        self.db(finish_round, round_.id, "cancelled", utcnow(), "cancelled by an operator")
+        self.db(move_round, round_.id, Stage.CANCELLED, utcnow(), "cancelled by an operator")
         if (job_id := self.db(current_job_id, round_.id)) is not None:
             self.jobs.cancel(job_id)
         return round_.id

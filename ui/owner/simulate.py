@@ -29,7 +29,9 @@ from store.rounds import AVERAGE, Round, round_candidates
 from ui.owner.history import RoundSummary, round_report, round_summary
 from ui.owner.jobs import run_to_end
 from ui.owner.project import Project, job_dir
-from ui.owner.round import STAGES, prompts_to_pair, run_round, steers, submit_generation
+from ui.owner.round import run_round
+from ui.owner.round_jobs import prompts_to_pair, steers, submit_generation
+from ui.owner.round_report import JOB_NAMES
 
 
 # Judged pairs per round, at the least: at a 60% win rate the Wilson 95% interval of 192 pairs is
@@ -96,7 +98,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         seconds: Counter = Counter()
         began = time.monotonic()
         votes = _cast(project, sim, names, rng, seconds)
-        round_ = run_round(project, None, sim.optimizer, seconds)
+        round_ = run_round(project, optimizer=sim.optimizer, seconds=seconds)
         clock = time.monotonic()
         summary = round_summary(project.run, round_.id)
         served = round_.policy_to if round_.policy_to is not None else round_.policy_from
@@ -195,7 +197,7 @@ def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Rando
         began = time.monotonic()
         prompts = prompts_to_pair(project, project.run, project.run(get_policy, None).version)
         per_prompt = _completions_per_prompt(project, labels - votes.cast, len(prompts))
-        run_to_end(project, submit_generation(project, project.run, None, per_prompt, prompts=prompts), "more pairs")
+        run_to_end(project, submit_generation(project, project.run, per_prompt=per_prompt, prompts=prompts), "more pairs")
         seconds["more pairs"] += time.monotonic() - began
         began = time.monotonic()
         before = votes.cast
@@ -258,7 +260,7 @@ def peak_memory(project: Project, round_id: int, optimizer: str) -> dict[str, di
     measured: dict[str, float] = {}
     for job in project.run(round_jobs, round_id):
         if (gb := project.run(job_metrics, job.id).get("peak_memory_gb")) is not None:  # a failed or cancelled job has none
-            measured[STAGES[job.kind]] = max(measured.get(STAGES[job.kind], 0.0), gb)
+            measured[JOB_NAMES[job.kind]] = max(measured.get(JOB_NAMES[job.kind], 0.0), gb)
     return {stage: {"measured": gb, "expected": expected[stage]} for stage, gb in measured.items()}
 
 

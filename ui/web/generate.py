@@ -2,20 +2,20 @@
 
 import gradio as gr
 
-from ui.owner.round import submit_generation
+from ui.owner.round_jobs import submit_generation
 from ui.owner.server import Server
 from ui.web.common import refused, user_errors, whole_number, with_error_ids
 
 
 def build_generate(server: Server) -> None:
     @with_error_ids
-    def generate_pairs(limit: float, per_prompt: float, request: gr.Request) -> str:
+    def generate_pairs(limit: float | None, per_prompt: float | None, request: gr.Request) -> str:
         server.operator(request.username)
         limit, per_prompt = whole_number(limit), whole_number(per_prompt)
         if limit is None or per_prompt is None:
             raise refused("Give the prompts and the completions per prompt as whole numbers.")
         with user_errors():
-            job = submit_generation(server.project, server.db, limit, per_prompt)
+            job = submit_generation(server.project, server.db, limit=limit, per_prompt=per_prompt)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     with gr.Tab("Generate"):

@@ -15,7 +15,8 @@ from ui.owner.config import OPTIMIZERS
 from ui.owner.history import RoundSummary, describe, ratings, reward_model_note, round_history, round_warnings
 from ui.owner.project import job_dir
 from ui.owner.rollback import roll_back
-from ui.owner.round import STAGES, start_round
+from ui.owner.round import start_round
+from ui.owner.round_report import JOB_NAMES
 from ui.owner.server import Server
 from ui.web.common import QUIET, progress_bar, refused, rounded, user_errors, whole_number, with_error_ids
 
@@ -116,7 +117,7 @@ def _round_line(server: Server, timer: gr.Timer) -> tuple[gr.Textbox, gr.Button,
         job = server.db(get_job, job_id)
         latest = server.jobs.latest_progress.get(job.id, {})
         step = f", step {latest['step']}/{latest['total_steps']}" if job.status == "running" and "step" in latest else ""
-        return (f"Round {round_.id} from policy v{round_.policy_from}: {STAGES[job.kind]} (job {job.id}) {job.status} "
+        return (f"Round {round_.id} from policy v{round_.policy_from}: {JOB_NAMES[job.kind]} (job {job.id}) {job.status} "
                 f"{progress_bar(job.progress)}{step}; {schedule}.")
 
     @with_error_ids
@@ -167,10 +168,10 @@ def _round_controls(server: Server, cancel: gr.Button) -> gr.Dropdown:
         if reward_version is not None and version is None:
             raise refused("Choose the round's reward model from the list.")
         with user_errors():
-            round_id, job = start_round(server.project, server.db, version or None, server.snapshot, optimizer)
+            round_id, job = start_round(server.project, server.db, reward_version=version or None, read=server.snapshot, optimizer=optimizer)
         if job is None:
             return f"Round {round_id} trained nothing: {server.db(get_round, round_id).note}."
-        return f"Started round {round_id}: its first job is {job.id} ({STAGES[job.kind]})."
+        return f"Started round {round_id}: its first job is {job.id} ({JOB_NAMES[job.kind]})."
 
     @with_error_ids
     def cancel_round(request: gr.Request) -> str:
@@ -299,5 +300,5 @@ def _samples(server: Server, shown: RoundSummary | None) -> dict:
     events = read_events(job_dir(server.project, job), 0)[0]
     latest = next((e for e in reversed(events) if "samples" in e), None)
     rows = [[latest["step"], s["prompt"], s["response"], rounded(s["score"], 3)] for s in latest["samples"]] if latest else []
-    label = f"Responses sampled at {STAGES[optimizer]}'s latest step, round {shown.round.id}"
+    label = f"Responses sampled at {JOB_NAMES[optimizer]}'s latest step, round {shown.round.id}"
     return gr.update(value=rows, label=label, visible=bool(rows))

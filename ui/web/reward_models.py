@@ -8,7 +8,8 @@ from store.jobs import metric_series
 from store.reward_models import list_reward_models
 from ui.owner.history import reward_model_note
 from ui.owner.jobs import submit_scoring
-from ui.owner.round import scoring_kind, submit_reward_training
+from ui.owner.round_jobs import submit_reward_training
+from ui.owner.round_report import scoring_kind
 from ui.owner.server import Server
 from ui.web.common import QUIET, rounded, user_errors, with_error_ids
 
@@ -21,7 +22,7 @@ def build_reward_models(server: Server) -> None:
     def train_reward_model(include_imported: bool, request: gr.Request) -> str:
         server.operator(request.username)
         with user_errors():
-            job = submit_reward_training(server.project, server.db, include_imported, read=server.snapshot)
+            job = submit_reward_training(server.project, server.db, include_imported=include_imported, read=server.snapshot)
         return f"Queued job {job.id}: its progress shows under Jobs."
 
     @with_error_ids
