@@ -100,3 +100,11 @@ def test_the_train_modules_annotate_imports_do_not_import_torch():
     code = f"import sys, {', '.join(used)}; print(sorted(m for m in ('torch', 'transformers', 'duckdb') if m in sys.modules))"
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo)
     assert imported.stdout.strip() == "[]", used
+
+
+def test_the_app_and_the_command_line_start_without_importing_torch():
+    """`tether serve` and every command import torch only in the functions that need it (a job's worker, `tether init`'s
+    hardware check): it takes 3 s of the server's 6 s start, paid at each start and by each test that starts one."""
+    code = "import sys, ui.cli, ui.web.app; print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert imported.stdout.strip() == "[]"

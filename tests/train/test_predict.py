@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from train.policy.generate import Generated
-from train.policy.predict import Prediction, bootstrap_interval, choose, predict, win_rate
+from train.policy.choice import Prediction, choose
+from train.policy.predict import bootstrap_interval, predict, win_rate
 
 
 def test_the_win_rate_is_each_prompts_share_of_won_answer_pairs_ties_half_averaged_over_prompts():

@@ -16,7 +16,7 @@ from store.jobs import Job, add_metrics, finish_job, get_job
 from store.policies import POLICY_JOBS, add_policy, policy_versions
 from store.reward_models import add_reward_model, add_snapshot, next_reward_model_version
 from store.rounds import AVERAGE, add_candidate, add_note, get_round, set_policy_to, set_reward_version, set_verdict
-from train.policy.predict import Prediction, choose
+from train.policy.choice import Prediction, choose
 from train.runtime.job_configs import DPOJob, GenerateJob, GRPOJob, PPOJob, parse_job_config
 from train.runtime.jobdir import input_path, read_events, read_job
 from ui.owner.project import Project, job_dir
