@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite. Extra arguments go to pytest.
+# Set up, then run the quick tier of the test suite: every test but those marked `deep`.
+# `scripts/test.sh --deep` runs the deep tier instead: the long fuzz, every kill point, the soak,
+# the loads and the statistical checks, whose quick forms run in the quick tier. .ci/run runs both.
+# Other arguments go to pytest; `scripts/test.sh -n 0` runs the tests one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --help ]; then
+    sed -n '2,5s/^# \{0,1\}//p' "$0"
+    exit
+fi
+tier=(-m "not deep")
+if [ "${1:-}" = --deep ]; then
+    tier=(-m deep)
+    shift
+fi
 scripts/setup.sh
 # The browser tests drive Debian's Chromium (Playwright's own browser download is not used).
 if ! command -v chromium >/dev/null; then
@@ -15,7 +27,6 @@ fi
 # Two test processes, a file each at a time, one core each. `tether` commands and their jobs run in
 # the test's own process (tests/conftest.py), where torch is imported once. One OpenMP thread per
 # process, so that the two do not spin against each other's threads on a 2-core machine.
-# Files with long tests go first (tests/conftest.py), in that order, not xdist's most-tests-first.
-# `scripts/test.sh -n 0` runs the tests one at a time.
+# Files with deep tests go first (tests/conftest.py), in that order, not xdist's most-tests-first.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "${tier[@]}" "$@"

@@ -69,10 +69,10 @@ def save_tiny_llama(path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files holding a test marked `long` first. The two test processes take a file at a time in this order
-    (scripts/test.sh turns off xdist's own, most tests first, which put the files of one long test last): a long file
-    taken last keeps one process at work while the other has nothing left."""
-    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    """Files holding a test marked `deep` first: they are the long files, in either tier. The two test processes take
+    a file at a time in this order (scripts/test.sh turns off xdist's own, most tests first, which put the files of
+    one long test last): a long file taken last keeps one process at work while the other has nothing left."""
+    long_files = {item.path for item in items if item.get_closest_marker("deep")}
     items.sort(key=lambda item: item.path not in long_files)
 
 

@@ -46,7 +46,7 @@ def pairs_left_in_sql(con, annotator, now) -> int:
     ).fetchone()[0]
 
 
-@pytest.mark.parametrize("batch_size", [1, 6])
+@pytest.mark.parametrize("batch_size", [1, pytest.param(6, marks=pytest.mark.deep)])
 def test_random_work_leaves_the_queue_as_the_database_says(con, batch_size):
     """Serves, votes (late, repeated, on others' pairs), skips and lapsed leases, in random order and in batches
     as the server groups them: after each batch, every annotator's pairs left equal the count in SQL, and

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import REPO
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_bench_gpu_runs_every_arm_on_the_cpu_with_tiny():
     # Peaks at a CPU's scale (1 GB/s, 10 GFLOP/s): at a GPU's, the tiny model's shares print as 0.0% or 0.1% and flake.
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--tiny", "--skip-trl", "--peak-bandwidth", "0.001",

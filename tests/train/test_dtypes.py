@@ -15,7 +15,7 @@ from train.reward.versions import load_reward_model
 from ui.owner.project import init_project
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.deep)])
 def test_generate_reward_model_and_ppo_complete_in_half_precision(tiny_project, tiny_model_dir, tmp_path, dtype):
     set_settings(tiny_project, "model", dtype=dtype)
     set_settings(tiny_project, "reward_model", kind="auto")  # both kinds: the head, and a LoRA model to check against peft

@@ -58,7 +58,7 @@ def test_worker_command_launches_one_process_per_gpu():
     assert launched[launched.index("--num_processes") + 1] == "4" and launched[-3:] == ["-m", "train.worker", "jobs/1"]
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_two_processes_train_one_reward_model_as_one_process_does_and_run_ppo(tiny_project, tiny_model_dir, tmp_path):
     set_settings(tiny_project, "reward_model", kind="lora", warm_start=False, batch_size=4, epochs=3, trust="always")
     set_settings(tiny_project, "ppo", steps=2, batch_size=4, minibatch_size=2, max_new_tokens=6)

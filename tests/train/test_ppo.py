@@ -225,6 +225,7 @@ def test_ppo_raises_the_probability_of_the_favoured_token(peaked_model_dir, favo
         assert all(isinstance(s[name], float) for s in steps), name
 
 
+@pytest.mark.deep
 def test_the_kl_penalty_holds_the_policy_nearer_its_start(peaked_model_dir, favoured, tmp_path):
     """The same runs without the penalty and with a strong one, over three seeds: with it, the first token's distribution
     ends nearer the start's.

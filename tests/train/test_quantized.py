@@ -38,7 +38,7 @@ from train.reward.versions import load_reward_model, read_reward_adapter
 from train.runtime.job_configs import GenerateJob
 from train.runtime.jobdir import write_job
 
-QUANTIZATIONS = ["4bit", "8bit"]
+QUANTIZATIONS = ["4bit", pytest.param("8bit", marks=pytest.mark.deep)]  # 8-bit, the rarer, in the deep tier
 DPO_PROMPTS = [[{"role": "user", "content": f"Say something about topic {i}."}] for i in range(8)]
 DPO_ROWS = [PreferenceRow(p, "music and light", "the end of the day", chosen_finished=True, rejected_finished=True) for p in DPO_PROMPTS]
 
@@ -278,7 +278,8 @@ def test_where_bitsandbytes_cannot_quantise_on_this_cpu_the_setting_is_named(mon
 
 @pytest.mark.parametrize("quantization, fake, message", [
     ("4bit", 'raise ImportError("No module named bitsandbytes")', '[model] quantization = "4bit" needs bitsandbytes, which does not import here'),
-    ("8bit", '__version__ = "0.42.0"', '[model] quantization = "8bit" needs bitsandbytes 0.46.1 or later, and this environment has 0.42.0'),
+    pytest.param("8bit", '__version__ = "0.42.0"', '[model] quantization = "8bit" needs bitsandbytes 0.46.1 or later, and this environment has 0.42.0',
+                 marks=pytest.mark.deep),
 ])
 def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_nothing_is_registered(
         tiny_project, tmp_path, quantization, fake, message):

@@ -68,7 +68,7 @@ def votes_with_a_coin_flipper(project, seed: int) -> tuple[dict, dict[bool, list
         return project_reliability(con), {weighted: preference_rows(con, False, weighted) for weighted in (False, True)}
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_weighting_by_trust_beats_the_plain_majority_and_flags_the_coin_flipper(tiny_model_dir, tmp_path):
     """Over several draws of the votes, since one draw's difference is within the noise of 300 held-out pairs."""
     flag_below = QueueConfig().flag_reliability_below

@@ -53,6 +53,7 @@ def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.deep
 def test_a_backup_taken_while_annotators_vote_holds_every_vote_acknowledged_before_it_began(tiny_project, tmp_path):
     set_settings(tiny_project, "reward_model", epochs=1, warm_start=False, include_imported=True)
     run_tether("import-prefs", str(toy_preferences(tmp_path / "prefs.jsonl")), "--project", str(tiny_project), check=True)

@@ -465,7 +465,7 @@ def test_the_data_view_follows_votes_without_a_click(browser, tiny_project):
         server.stop()
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_a_gold_pair_answered_wrongly_lowers_the_annotators_reliability_in_the_data_view(browser, tiny_project, tmp_path):
     from store import open_database
     from store.db import utcnow

@@ -59,7 +59,7 @@ def make_project(tiny_project):
     return tiny_project
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_sixteen_annotators_cast_four_hundred_votes_at_once(tiny_project):
     project = make_project(tiny_project)
     server = RunningServer(project)
@@ -91,7 +91,7 @@ def test_sixteen_annotators_cast_four_hundred_votes_at_once(tiny_project):
     assert len(acknowledged) == 400
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
     project = make_project(tiny_project)
     server = RunningServer(project)
@@ -136,7 +136,7 @@ def test_votes_survive_kill_9_and_leases_return_after_restart(tiny_project):
         assert still_wanted and still_wanted <= served  # the unanswered pairs are back in the queue
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_a_kill_9_under_full_load_at_100k_pairs_loses_no_vote_and_the_queue_rebuilds_the_same(tiny_project):
     """Annotators vote as fast as the server answers on a project of 100,000 pairs; the server is killed
     and restarted, and voting goes on. Every acknowledged vote is stored, no pair gets more votes than it

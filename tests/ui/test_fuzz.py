@@ -1,4 +1,5 @@
-"""scripts/fuzz.py, briefly: every endpoint the app serves called with values Hypothesis draws, beside honest annotators."""
+"""scripts/fuzz.py, briefly: every endpoint the app serves called with values Hypothesis draws, beside honest annotators;
+60 calls in the quick tier, 240 in the deep."""
 
 import re
 import subprocess
@@ -15,9 +16,9 @@ from ui.web.app import launch
 PASSWORD = "password-123"
 
 
-@pytest.mark.long
-def test_no_call_fails_the_server_or_writes_when_refused_and_no_honest_vote_is_lost(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--calls", "240", "--annotators", "2",
+@pytest.mark.parametrize("drawn", [pytest.param(60, id="quick"), pytest.param(240, id="long", marks=pytest.mark.deep)])
+def test_no_call_fails_the_server_or_writes_when_refused_and_no_honest_vote_is_lost(tmp_path, drawn):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--calls", str(drawn), "--annotators", "2",
                            "--pairs", "150", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     figures = dict(re.findall(r"^([a-z ]+): (\d+(?:\.\d+)?)$", done.stdout, re.M))
@@ -26,7 +27,9 @@ def test_no_call_fails_the_server_or_writes_when_refused_and_no_honest_vote_is_l
     assert int(figures["calls with one input of another type"]) > 0  # null, a list, an object... where the page sends text or a number
     assert int(figures["honest votes acknowledged"]) > 0 and figures["honest votes lost"] == figures["honest votes refused"] == "0"
     calls, failures = map(int, re.search(r"^calls: (\d+); failures \(must be 0\): (\d+)$", done.stdout, re.M).groups())
-    assert failures == 0 and calls == 240 + int(figures["replays"]) and int(figures["replays"]) > 0
+    assert failures == 0 and calls == drawn + int(figures["replays"])
+    if drawn == 240:  # one call in ten replays an accepted one: none in 60 has a chance of 1 in 500
+        assert int(figures["replays"]) > 0
     # A vote on a pair never served, or served to another, is refused in the annotate view's message line, and the
     # fuzzer checks that such a refusal wrote nothing but the lease of the pair shown instead.
     assert int(figures["annotate view refusals in words"]) > 0

@@ -140,6 +140,7 @@ def peak_memory(pid: int) -> int:
     return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) * 1024
 
 
+@pytest.mark.deep
 def test_a_decompression_bomb_is_refused_in_bounded_memory_while_votes_go_on(tiny_project, tmp_path):
     add_pairs(tiny_project, prompts=400)
     add_users(tiny_project, {"olga": "operator", "bob": "annotator"}, PASSWORD)

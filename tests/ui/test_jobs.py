@@ -100,6 +100,7 @@ def test_an_operator_cancels_a_running_job_and_its_worker_stops(slow_project):
     assert completions(slow_project) == before
 
 
+@pytest.mark.deep  # the quick soak (tests/ui/test_soak.py) counts workers outliving a killed server
 def test_a_worker_runs_in_its_own_session_and_dies_with_a_server_killed_by_kill_9(slow_project):
     server = RunningServer(slow_project)
     try:
@@ -134,6 +135,7 @@ run_job(project, project.run, project.run(get_job, 1), command=launch)
 """
 
 
+@pytest.mark.deep
 def test_a_worker_under_a_launcher_dies_with_the_process_that_started_the_job(slow_project):
     directory = queue_generation(slow_project)
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(slow_project), str(directory)])

@@ -59,7 +59,6 @@ def round_jobs(seen: set[str], round_id: int) -> set[str]:
     return {s.split(": ")[1].split(" (job")[0] for s in seen if s.startswith(f"Round {round_id} ") and " (job " in s}
 
 
-@pytest.mark.long
 def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_ratings(tiny_project):
     with loop_app(tiny_project, ppo_steps=3) as (operator, annotator):
         started = operator.predict(None, "ppo", api_name="/start_round")
@@ -106,7 +105,7 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
 
 
-@pytest.mark.long
+@pytest.mark.deep
 def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_project):
     set_settings(tiny_project, "dpo", pairs="human")  # on the votes alone; the round's predictor still needs a reward model
     with loop_app(tiny_project) as (operator, _):

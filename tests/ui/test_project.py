@@ -172,7 +172,7 @@ def test_saving_the_schedule_changes_its_one_line_and_refuses_a_file_edited_sinc
         server.stop()
 
 
-@pytest.mark.parametrize("broken", ["unparsable", "empty"])
+@pytest.mark.parametrize("broken", ["unparsable", pytest.param("empty", marks=pytest.mark.deep)])
 def test_a_broken_tether_toml_stops_serve_and_every_command_naming_the_file_and_line(tiny_project, broken):
     config = tiny_project / "tether.toml"
     lines = config.read_text().splitlines()

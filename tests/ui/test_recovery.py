@@ -27,7 +27,9 @@ from ui.owner.recovery import INTENT_FILE, KILL_AT_ENV, record_worker
 from ui.owner.round_jobs import submit_reward_training
 from ui.web.app import Server
 
-INGEST_STEPS = ["after_intent", "after_rename", "before_commit", "after_commit"]
+# Every kill point in the deep tier; the quick one kills where the adapter is in place and the row not yet written.
+INGEST_STEPS = [pytest.param(step, marks=pytest.mark.deep) if step != "after_rename" else step
+                for step in ("after_intent", "after_rename", "before_commit", "after_commit")]
 
 
 @pytest.fixture
@@ -220,6 +222,7 @@ Server(project).close()
 """
 
 
+@pytest.mark.deep
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run processes as two users")
 def test_processes_of_another_user_never_stop_the_server_starting_and_are_left_alone():
     """The server runs as nobody; its job's recorded worker pid now belongs to root's init, and a process of root's

@@ -205,6 +205,7 @@ def test_a_worker_killed_mid_training_registers_nothing(tiny_project, tmp_path):
     assert not (tiny_project / "reward_models").exists()
 
 
+@pytest.mark.deep
 def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annotators_are_still_served(tiny_project, tmp_path):
 
     with training_app(tiny_project, tmp_path, prompts=10, kind="lora", epochs=50, batch_size=2) as (operator, annotator):

@@ -107,15 +107,17 @@ def test_ppo_trains_every_step_and_the_predictor_alone_holds_the_kl_budget(tiny_
         versions = con.execute("SELECT count(*) FROM policies").fetchone()[0]
         policy_to = con.execute("SELECT policy_to FROM rounds").fetchone()[0]
     assert [step for (step,) in updated] == [1, 2, 3] and losses == 3  # every step updated, whatever its responses' KL
-    # PPO's whole step is far past 0.001 nats: the predictor pulls it back along its step from v0 and measures the cut
-    # again, on fresh answers. The tiny model's few short answers put that KL on either side of the budget, from one seed
-    # to another; whichever the predictor read, the budget holds: a cut within it is registered, one past it is not.
+    # PPO's whole step is mostly past 0.001 nats: the predictor pulls it back along its step from v0 and measures the
+    # cut again, on fresh answers. The tiny model's few short answers put each KL on either side of the budget, from one
+    # seed or machine to another (the whole step too, once in a quick-tier run); whichever the predictor read, the
+    # budget holds: a step or a cut within it is registered, one past it is not.
     cut = re.search(r", at ([0-9.e-]+) of its step from v0 \(the whole step: \d+\.\d nats\)", verdict)
-    assert cut and float(cut[1]) < 1, verdict
     if chosen:
         assert kl_to_v0 <= 0.001 and verdict.startswith("registered, rated best: ") and (versions, policy_to) == (2, 1)
-        assert "registered as v1" in done.stdout and "within [round] kl_budget" in done.stdout
+        assert "registered as v1" in done.stdout
+        assert cut is None or float(cut[1]) < 1 and "within [round] kl_budget" in done.stdout, (verdict, done.stdout)
     else:
+        assert cut and float(cut[1]) < 1, verdict
         assert kl_to_v0 > 0.001 and verdict.startswith(f"over the KL budget: {kl_to_v0:.1f} nats from v0, at ")
         assert (versions, policy_to) == (1, None)
         assert "nothing registered: over [round] kl_budget, so the round's votes carry over to the next" in done.stdout

@@ -44,6 +44,7 @@ def sign_in(url: str, name: str, password: str) -> int:
     return httpx.post(url + "login", data={"username": name, "password": password}).status_code
 
 
+@pytest.mark.deep
 def test_200_parallel_guesses_cost_at_most_the_limits_hashes_and_the_right_password_works_after_the_lockout(tiny_project):
     set_settings(tiny_project, "server", sign_in_attempts=5, lockout_seconds=4, max_lockout_seconds=4)
     run_tether("users", "add", "alice", "--role", "annotator", "--project", str(tiny_project), input="right password\n", check=True)
