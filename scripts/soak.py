@@ -21,6 +21,7 @@ vote is missing, any vote is doubled, an honest vote was refused, or a hostile r
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -418,10 +419,12 @@ async def keep_training(session: GradioSession, tally: Tally, deadline: float) -
         await pause(JOB_POLL_SECONDS, deadline)
 
 
-async def restart_periodically(server: ServeProcess, tally: Tally, every: float, deadline: float) -> None:
-    """kill -9 the server every `every` seconds and start it again at once on the same port."""
-    while True:
-        await pause(every, deadline)
+async def restart_periodically(server: ServeProcess, tally: Tally, every: float, started: float, deadline: float) -> None:
+    """kill -9 the server at every multiple of `every` seconds from the start, and start it again at once on the
+    same port. The kills keep to that clock, so a slow restart on a busy machine does not push the later ones past
+    the deadline."""
+    for kill_at in itertools.count(started + every, every):
+        await pause(kill_at - time.monotonic(), deadline)
         if time.monotonic() >= deadline:
             return
         killed = time.monotonic()
@@ -456,7 +459,7 @@ async def soak(server: ServeProcess, tally: Tally, args: argparse.Namespace) -> 
             for session in hostile:
                 group.create_task(attack(session, tally, deadline))
             group.create_task(keep_training(operator, tally, deadline))
-            group.create_task(restart_periodically(server, tally, args.restart_every, deadline))
+            group.create_task(restart_periodically(server, tally, args.restart_every, started, deadline))
             group.create_task(report_progress(tally, started, deadline))
     finally:
         for session in [*sessions, operator, *hostile]:
