@@ -24,9 +24,10 @@ if ! command -v chromium >/dev/null; then
         exit 1
     fi
 fi
-# Two test processes, a file each at a time, one core each. `tether` commands and their jobs run in
-# the test's own process (tests/conftest.py), where torch is imported once. One OpenMP thread per
-# process, so that the two do not spin against each other's threads on a 2-core machine.
+# Three test processes, a file each at a time, on two cores: a test that waits on a server or a
+# worker leaves its core to another. `tether` commands and their jobs run in the test's own process
+# (tests/conftest.py), where torch is imported once. One OpenMP thread per process, so that they
+# do not spin against each other's threads.
 # Files with deep tests go first (tests/conftest.py), in that order, not xdist's most-tests-first.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile --no-loadscope-reorder "${tier[@]}" "$@"
+exec .venv/bin/python -m pytest -n "${TEST_PROCESSES:-3}" --dist loadfile --no-loadscope-reorder "${tier[@]}" "$@"

@@ -168,7 +168,7 @@ def block_reward_models(directory: Path) -> None:
 
 @pytest.mark.parametrize("fault, error", [
     (break_events, "JSONDecodeError"),
-    (remove_directory, "FileNotFoundError"),
+    pytest.param(remove_directory, "FileNotFoundError", marks=pytest.mark.deep),  # a result lost, as break_events
     (block_reward_models, "FileExistsError"),  # raised by the ingest, after the worker succeeded
 ])
 def test_a_fault_in_a_job_fails_that_job_and_the_runner_registers_the_next(project, fault, error, capsys):

@@ -228,6 +228,7 @@ def test_a_worker_killed_mid_training_under_the_app_fails_with_its_log_and_annot
     assert not (tiny_project / "reward_models").exists()
 
 
+@pytest.mark.deep  # a load: the quick tier serves annotators beside a job in test_jobs.py
 def test_while_a_reward_model_trains_annotators_are_served_and_operators_see_progress(tiny_project, tmp_path):
     with training_app(tiny_project, tmp_path, prompts=30, kind="lora", epochs=4, batch_size=4) as (operator, annotator):
         assert operator.predict(True, api_name="/train_reward_model").startswith("Queued job 1")
