@@ -301,7 +301,8 @@ def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_n
     assert not (tiny_project / "jobs").exists() or not any((tiny_project / "jobs").iterdir())
 
 
-@pytest.mark.parametrize("quantization", ["none", "4bit"])
+# 4bit, the probe's control, in the deep tier: test_every_job_registers_its_result_on_a_quantised_base runs 4-bit jobs
+@pytest.mark.parametrize("quantization", ["none", pytest.param("4bit", marks=pytest.mark.deep)])
 def test_only_a_job_on_a_quantised_base_imports_bitsandbytes(tiny_model_dir, tmp_path, quantization):
     # Its import costs a job 4.5 s of CPU, and PEFT imports it to make any LoRA layer where it is installed.
     lora_adapter(tiny_model_dir, tmp_path / "adapter", seed=0)
