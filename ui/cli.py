@@ -268,7 +268,8 @@ def rollback(version: int, project_dir: Path):
                    "When given, it overrides --agreement.")
 @click.option("--annotators", type=click.IntRange(min=1), default=3, show_default=True, help="Simulated annotators, voting in turn.")
 @click.option("--labels-per-round", type=click.IntRange(min=1), default=96, show_default=True, help="Votes cast before each round; the reward model learns little from fewer.")
-@click.option("--rounds", "round_count", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds to run.")
+@click.option("--rounds", "round_count", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Rounds to run; 0 casts --labels-per-round votes on the starting policy's answers and trains nothing.")
 @click.option("--eval-prompts", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Prompt file the judge compares policies on; keep it apart from the project's prompts.")
 @click.option("--eval-samples", type=click.IntRange(min=1),

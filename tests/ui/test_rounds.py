@@ -469,6 +469,23 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
     assert ppo_seeds == [("0",), ("1",)]  # each round's PPO draws other prompts than the last
 
 
+def test_simulate_with_no_rounds_casts_its_votes_on_v0s_answers_and_trains_nothing(tiny_project, tmp_path):
+    """As a team collects votes before it trains once (scripts/bench_curve.py's offline arms): more of v0's answers
+    are paired until every vote is cast."""
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(3)))
+    result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--labels-per-round", "40", "--rounds", "0",
+                        "--eval-prompts", str(eval_file), "--eval-samples", "2", "--project", str(tiny_project))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^40 votes on v0's answers, \d+\.\d% of them sided with the noiseless judge$", result.stdout, re.M), result.stdout
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM comparisons").fetchone() == (40,)
+        assert con.execute("SELECT DISTINCT policy_version FROM completions").fetchall() == [(0,)]
+        assert con.execute("SELECT count(*) FROM rounds").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM jobs WHERE kind <> 'generate'").fetchone() == (0,)
+
+
 def test_simulate_judges_the_candidate_a_round_kept_out_against_the_rounds_start(tiny_project, tmp_path):
     """Where a round registers none, the version it started from serves on, and the judge measures the candidate the
     predictor rated best against that start: what the round would have served without the predictor."""

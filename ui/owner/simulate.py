@@ -63,7 +63,8 @@ class Simulation:
 
 
 def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> None:
-    """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table follows."""
+    """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table
+    follows. With 0 rounds, sim.labels_per_round votes on the starting policy's answers and nothing more."""
     if sim.strategy is not None:
         queue = dataclasses.replace(project.config.queue, strategy=sim.strategy)
         project = dataclasses.replace(project, config=dataclasses.replace(project.config, queue=queue))
@@ -144,8 +145,11 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
                        "candidates": candidates, "seconds": took, "stages": dict(seconds), "peak_memory_gb": memory}
             with sim.report.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(figures) + "\n")
-    # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too.
-    _cast(project, sim, names, rng, Counter(), generate_more=False)
+    # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too. With no rounds
+    # the votes are the run, on the starting policy's answers, as a team collects them before it trains once.
+    votes = _cast(project, sim, names, rng, Counter(), generate_more=sim.rounds == 0)
+    if sim.rounds == 0:
+        say(f"{votes.cast} votes on v{start.version}'s answers, {_share(votes.agreement)} of them sided with the noiseless judge")
     say("the rounds as people (the simulated annotators) saw them:")
     for line in round_report(project.run, project.config):
         say(line)
