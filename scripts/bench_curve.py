@@ -1,0 +1,329 @@
+"""Benchmark: the learning curve, the judge's win rate over v0 against the votes cast, for the loop and for what a
+user would do instead.
+
+On each judge and seed, simulated annotators side with the judge --agreement of the time on v0's pairs (`tether
+simulate`). The arms:
+
+    loop            the shipped defaults, in rounds of --round-votes (the README's 96): one loop to the largest of
+                    --votes, read after each round, gives every smaller point
+    offline-trl     the largest of --votes all cast on v0's answers, `tether export`, then TRL's DPOTrainer with a LoRA
+                    on the first N of them, for each N of --votes; twice: with TRL's and PEFT's defaults (trl-defaults)
+                    and with the LoRA rank, learning rate, beta and epochs of Tether's [dpo] (tether-settings). The
+                    stronger of the two is the anchor
+    offline-tether  the same votes, one Tether round from v0, at the largest of --votes only: the loop's effect told
+                    from its trainer's
+
+Every point is judged on --eval-count prompts, --eval-samples answers each (384 pairs by default), against v0's
+answers to them, with the same seed in every arm; beside it the KL to v0 on those answers, the share that ended and
+the wall time. Each point is appended to WORKDIR/points.jsonl as its arm ends: run again with the same --workdir and
+the arms already there are skipped, so a long run goes on later from where it stopped. Then a table, by judge, arm and
+vote count, of the mean over seeds, the worst seed and each seed's figures, and with --plot a PNG of the curves.
+
+Run with nothing else on the machine: two torch processes on a few cores slow each other badly.
+
+    python scripts/bench_curve.py --eval-prompts ../shared/data/mtbench-prompts.jsonl --judges direct,polite \\
+        --seeds 0 1 --workdir curve --plot scripts/curve.png
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from bench_arms import loop_setup
+from bench_labels import run, seeded
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ui.owner.config import load_config, write_config  # noqa: E402  (the repository root, not an installed copy)
+
+ARMS = ("loop", "offline-trl", "offline-tether")
+TRL_SETTINGS = ("trl-defaults", "tether-settings")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eval-prompts", type=Path, required=True, help="JSONL prompt file; its first --eval-count prompts are judged.")
+    parser.add_argument("--eval-count", type=int, default=48, help="Evaluation prompts (default 48).")
+    parser.add_argument("--eval-samples", type=int, default=8, help="Answers to each evaluation prompt (default 8: 384 judged pairs).")
+    parser.add_argument("--judges", default="direct,polite", help="Comma-separated judges: built-in, module:FUNC or PATH.py:FUNC (default direct,polite).")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated, of {', '.join(ARMS)} (default: all).")
+    parser.add_argument("--votes", default="96,288,864", help="Vote counts to read the curve at (default 96,288,864).")
+    parser.add_argument("--round-votes", type=int, default=96, help="Votes a round in the loop (default 96, as the README recommends).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="One draw of every arm per seed (default 0 1).")
+    parser.add_argument("--agreement", type=float, default=0.7, help="Share of votes siding with the judge on v0's pairs (default 0.7).")
+    parser.add_argument("--annotators", type=int, default=3, help="Simulated annotators (default 3).")
+    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Model id or directory (default: the default model).")
+    parser.add_argument("--prompts", type=Path, default=ROOT / "scripts" / "demo_prompts.jsonl", help="The projects' training prompts (default: the demo's).")
+    parser.add_argument("--workdir", type=Path, help="Where the projects, logs and points.jsonl go; the same again to go on (default: a new temporary directory).")
+    parser.add_argument("--plot", type=Path, help="Also draw the curves, with their intervals, to this PNG (needs matplotlib).")
+    args = parser.parse_args()
+
+    arms, judges = args.arms.split(","), args.judges.split(",")
+    if unknown := set(arms) - set(ARMS):
+        parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    votes = sorted(int(v) for v in args.votes.split(","))
+    if any(v % args.round_votes for v in votes):
+        parser.error(f"every --votes count must be a multiple of --round-votes {args.round_votes}: the loop is read after a round")
+    workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
+    points_file = workdir / "points.jsonl"
+    done = {(p["judge"], p["seed"], p["arm"]) for p in read_points(points_file)}
+    bench = Bench(args, workdir, eval_file, votes)
+    for judge in judges:
+        for seed in args.seeds:
+            for arm in arms:
+                names = [arm] if arm != "offline-trl" else [f"{arm}:{setting}" for setting in TRL_SETTINGS]
+                for name in names:
+                    if (judge, seed, name) in done:
+                        print(f"{judge} seed {seed} {name}: in {points_file} already", flush=True)
+                        continue
+                    began = time.monotonic()
+                    points = bench.arm(name, judge, seed)
+                    with points_file.open("a", encoding="utf-8") as f:
+                        for point in points:
+                            f.write(json.dumps({"judge": judge, "seed": seed, "arm": name, **point}) + "\n")
+                    print(f"{judge} seed {seed} {name}: {len(points)} points in {time.monotonic() - began:.0f} s", flush=True)
+    points = read_points(points_file)
+    print_table(points, votes)
+    if args.plot:
+        plot(points, votes, args.plot)
+
+
+class Bench:
+    """The projects of one run: a loop per judge and seed, and the votes on v0 that the offline arms share."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int]):
+        self.args, self.workdir, self.eval_file, self.votes = args, workdir, eval_file, votes
+        self.tether = str(Path(sys.executable).parent / "tether")  # installed beside this Python by scripts/setup.sh
+
+    def arm(self, name: str, judge: str, seed: int) -> list[dict]:
+        if name == "loop":
+            return self.loop(judge, seed)
+        if name == "offline-tether":
+            return [self.offline_tether(judge, seed)]
+        return [self.offline_trl(judge, seed, name.split(":")[1], n) for n in self.votes]
+
+    def new_project(self, name: str, seed: int, log) -> Path:
+        project = self.workdir / name
+        if project.exists():  # an arm cut off before it ended: it starts again
+            shutil.rmtree(project)
+        run(log, name, [self.tether, "init", str(project), "--model", self.args.model])
+        write_config(project / "tether.toml", seeded(load_config(project / "tether.toml"), seed))
+        run(log, name, [self.tether, "prompts", "import", str(self.args.prompts), "--project", str(project)])
+        return project
+
+    def simulate(self, log, name: str, project: Path, judge: str, seed: int, votes: int, rounds: int, report: Path) -> None:
+        run(log, name, [self.tether, "simulate", "--judge", judge, "--agreement", str(self.args.agreement),
+                        "--annotators", str(self.args.annotators), "--labels-per-round", str(votes), "--rounds", str(rounds),
+                        "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
+                        "--report", str(report), "--project", str(project)])
+
+    def loop(self, judge: str, seed: int) -> list[dict]:
+        name = f"{stem(judge)}-loop-seed{seed}"
+        report = self.workdir / f"{name}.jsonl"
+        report.unlink(missing_ok=True)
+        began = time.monotonic()
+        with (self.workdir / f"{name}.log").open("w") as log:
+            project = self.new_project(name, seed, log)
+            set_up = time.monotonic() - began
+            self.simulate(log, name, project, judge, seed, self.args.round_votes, max(self.votes) // self.args.round_votes, report)
+        points, cast, wall = [], 0, set_up
+        for r in (json.loads(line) for line in report.read_text().splitlines() if line.strip()):
+            cast, wall = cast + self.args.round_votes, wall + r["seconds"]
+            points.append({"votes": cast, "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"],
+                           "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
+                           "over_start_high": r["over_start_high"] if r["registered"] else None,
+                           "stages": r["stages"], "votes_cast": r["votes"]})
+        return points
+
+    def offline_votes(self, judge: str, seed: int) -> tuple[Path, list[dict], float]:
+        """The project whose votes are all on v0's answers, as many as the largest of --votes; its votes in the order
+        they were cast (`tether export --include-ties`, a row each), and the seconds it took. Made once per judge and
+        seed, for every offline arm."""
+        name = f"{stem(judge)}-offline-seed{seed}"
+        project, export = self.workdir / name, self.workdir / f"{name}-votes.jsonl"
+        timing = self.workdir / f"{name}-seconds.txt"
+        if not timing.exists():
+            export.unlink(missing_ok=True)
+            began = time.monotonic()
+            with (self.workdir / f"{name}.log").open("w") as log:
+                project = self.new_project(name, seed, log)
+                self.simulate(log, name, project, judge, seed, max(self.votes), 0, self.workdir / f"{name}-report.jsonl")
+                run(log, name, [self.tether, "export", "--format", "jsonl", "--include-ties", "--out", str(export), "--project", str(project)])
+            timing.write_text(f"{time.monotonic() - began:.1f}\n")
+        rows = sorted((json.loads(line) for line in export.read_text().splitlines() if line.strip()), key=lambda row: row["time"])
+        return project, rows, float(timing.read_text())
+
+    def offline_trl(self, judge: str, seed: int, setting: str, n: int) -> dict:
+        project, rows, collecting = self.offline_votes(judge, seed)
+        pairs = first_votes_as_pairs(rows, n)
+        out = self.workdir / f"{stem(judge)}-{setting}-seed{seed}-{n}"
+        began = time.monotonic()
+        train_with_trl(project, pairs, out, setting, seed)
+        trained = time.monotonic() - began
+        point = evaluate(project, judge, out, self.eval_file, self.args.eval_samples, seed)
+        return {"votes": n, "pairs_trained": len(pairs), **point, "seconds": collecting + trained + point.pop("evaluating"),
+                "training_seconds": trained}
+
+    def offline_tether(self, judge: str, seed: int) -> dict:
+        project, rows, collecting = self.offline_votes(judge, seed)
+        name = f"{stem(judge)}-offline-seed{seed}"
+        copy = self.workdir / f"{stem(judge)}-offline-tether-seed{seed}"
+        if copy.exists():
+            shutil.rmtree(copy)
+        shutil.copytree(project, copy)  # the TRL arms read the votes project; the round adds to its copy
+        began = time.monotonic()
+        with (self.workdir / f"{name}-tether-round.log").open("w") as log:
+            run(log, name, [self.tether, "round", "--project", str(copy)])
+        trained = time.monotonic() - began
+        point = evaluate(copy, judge, None, self.eval_file, self.args.eval_samples, seed)
+        return {"votes": len(rows), **point, "seconds": collecting + trained + point.pop("evaluating"), "training_seconds": trained}
+
+
+def first_votes_as_pairs(rows: list[dict], n: int) -> list[dict]:
+    """The first n votes as TRL's conversational preference rows, one a pair by the majority of its votes among
+    them; a pair whose votes split evenly, or went tie or both-bad, is left out, as `tether export` leaves it."""
+    by_pair: dict[int, list[dict]] = defaultdict(list)
+    for row in rows[:n]:
+        by_pair[row["pair_id"]].append(row)
+    pairs = []
+    for votes in by_pair.values():
+        a, b = (sum(v["choice"] == side for v in votes) for side in ("a", "b"))
+        if a != b and max(a, b) * 2 > len(votes):
+            first = votes[0]
+            chosen, rejected = (first["completion_a"], first["completion_b"]) if a > b else (first["completion_b"], first["completion_a"])
+            pairs.append({"prompt": first["prompt"], "chosen": chosen, "rejected": rejected})
+    return pairs
+
+
+def train_with_trl(project: Path, pairs: list[dict], out: Path, setting: str, seed: int) -> None:
+    """What a user would write: the exported pairs, TRL's DPOTrainer and a PEFT LoRA on the project's base model."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from train.common.models import resolve_model_path
+
+    config = load_config(project / "tether.toml")
+    path = resolve_model_path(config.model.name_or_path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
+        tokenizer.pad_token = "<|endoftext|>"  # as Tether sets it: a pad apart from the end of a turn
+    on_gpu = torch.cuda.is_available()
+    # TRL defaults to bf16, which transformers refuses on a CPU; a user there sets use_cpu, and so does this arm
+    common = {"output_dir": str(out / "trainer"), "seed": seed, "report_to": [], "save_strategy": "no", "logging_steps": 10,
+              "use_cpu": not on_gpu, "bf16": on_gpu and torch.cuda.is_bf16_supported()}
+    if setting == "trl-defaults":
+        lora, trl = LoraConfig(task_type="CAUSAL_LM"), DPOConfig(**common)
+    else:
+        dpo = config.dpo
+        lora = LoraConfig(task_type="CAUSAL_LM", r=dpo.lora_r, lora_alpha=dpo.lora_alpha, lora_dropout=0.0, target_modules="all-linear")
+        trl = DPOConfig(**common, learning_rate=dpo.learning_rate, beta=dpo.beta, num_train_epochs=dpo.epochs,
+                        per_device_train_batch_size=dpo.batch_size, lr_scheduler_type="linear")
+    trainer = DPOTrainer(model=model, args=trl, train_dataset=Dataset.from_list(pairs), processing_class=tokenizer, peft_config=lora)
+    trainer.train()
+    trainer.model.save_pretrained(out / "policy")
+
+
+def evaluate(project_dir: Path, judge: str, adapter: Path | None, eval_file: Path, samples: int, seed: int) -> dict:
+    """The judge's win rate over v0 of a TRL adapter (adapter/policy) or, with none, of the project's newest version;
+    on the evaluation prompts with the seed the loop's evaluation uses, so v0's answers are the same in every arm."""
+    from annotate.judges import load_judge
+    from annotate.simulate import judge_against
+    from store.policies import get_policy
+    from ui.owner.project import load_project
+    from store.prompt_files import read_prompt_file
+    from ui.owner.simulate import sample_answers
+
+    began = time.monotonic()
+    project = load_project(project_dir)
+    prompts = [p.messages for p in read_prompt_file(eval_file, project.config.server.import_limits())]
+    policy = adapter / "policy" if adapter is not None else project.run(get_policy, None)
+    answers, kl = sample_answers(project, policy, prompts, samples, seed)
+    baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, samples, seed, kl=False)
+    verdict = judge_against(load_judge(judge), prompts, [a.text for a in answers], [a.text for a in baseline])
+    return {"win_rate": verdict.win_rate, "low": verdict.low, "high": verdict.high, "pairs": verdict.pairs, "kl_to_v0": kl,
+            "ended": sum(a.finished for a in answers) / len(answers), "evaluating": time.monotonic() - began}
+
+
+def read_points(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def stem(judge: str) -> str:
+    return Path(judge).stem.replace(":", "-")
+
+
+def curves(points: list[dict], votes: list[int]) -> dict[tuple[str, str], dict[int, list[dict]]]:
+    """By judge and arm (TRL's stronger setting as `offline-trl`, per judge and vote count by the mean over seeds), the
+    points at each vote count, a seed each."""
+    table: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        if p["votes"] in votes:
+            table[(p["judge"], p["arm"])][p["votes"]].append(p)
+    for judge in {j for j, _ in table}:
+        settings = [(judge, f"offline-trl:{s}") for s in TRL_SETTINGS if (judge, f"offline-trl:{s}") in table]
+        for n in votes:
+            runs = [table[key][n] for key in settings if table[key][n]]
+            if runs:
+                table[(judge, "offline-trl")][n] = max(runs, key=lambda seeds: statistics.mean(p["win_rate"] for p in seeds))
+    return table
+
+
+def print_table(points: list[dict], votes: list[int]) -> None:
+    print("\n| judge | arm | votes | win rate over v0: mean over seeds | worst seed | each seed [95% CI] | KL to v0 | ended | wall s |")
+    print("|---" * 9 + "|")
+    for (judge, arm), by_votes in sorted(curves(points, votes).items()):
+        for n in votes:
+            seeds = sorted(by_votes.get(n, []), key=lambda p: p["seed"])
+            if not seeds:
+                continue
+            rates = [p["win_rate"] for p in seeds]
+            each = ", ".join(f"{p['win_rate']:.1%} [{p['low']:.1%}, {p['high']:.1%}]" for p in seeds)
+            kl = ", ".join("" if p["kl_to_v0"] is None else f"{p['kl_to_v0']:.1f}" for p in seeds)
+            ended = ", ".join(f"{p['ended']:.0%}" for p in seeds)
+            wall = ", ".join(f"{p['seconds']:.0f}" for p in seeds)
+            print(f"| {judge} | {arm} | {n} | {statistics.mean(rates):.1%} | {min(rates):.1%} | {each} | {kl} | {ended} | {wall} |")
+    below = [f"{p['judge']} seed {p['seed']} at {p['votes']} votes (v{p['served']})" for p in points
+             if p["arm"] == "loop" and p.get("over_start_high") is not None and p["over_start_high"] < 0.5]
+    print(f"loop versions served whose win rate over their start lies wholly below 50%: {', '.join(below) or 'none'}")
+
+
+def plot(points: list[dict], votes: list[int], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("--plot needs matplotlib: .venv/bin/pip install matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = curves(points, votes)
+    judges = sorted({judge for judge, _ in table})
+    figure, axes = plt.subplots(1, len(judges), figsize=(5 * len(judges), 4), squeeze=False, sharey=True)
+    for ax, judge in zip(axes[0], judges):
+        for arm in (a for a in ("loop", "offline-trl", "offline-tether") if (judge, a) in table):
+            counts = [n for n in votes if table[(judge, arm)].get(n)]
+            means = [statistics.mean(p["win_rate"] for p in table[(judge, arm)][n]) for n in counts]
+            lows = [min(p["low"] for p in table[(judge, arm)][n]) for n in counts]
+            highs = [max(p["high"] for p in table[(judge, arm)][n]) for n in counts]
+            ax.plot(counts, means, marker="o", label=arm)
+            ax.fill_between(counts, lows, highs, alpha=0.15)
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
+        ax.set(title=f"judge: {judge}", xlabel="votes cast", xscale="log", xticks=votes, xticklabels=[str(n) for n in votes])
+        ax.legend()
+    axes[0][0].set_ylabel("judge's win rate over v0 (mean over seeds; band: the seeds' 95% intervals)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
