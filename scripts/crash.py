@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT))  # tests/ is no installed package
 from tests.conftest import fill  # noqa: E402
 TETHER = str(Path(sys.executable).parent / "tether")
 PASSWORD = "a-long-enough-password"
+OPERATIONS = ["prompts", "import-prefs", "gold", "export", "backup", "restore", "reward-model", "ppo", "rollback", "users",
+              "init", "settings"]  # each one's run and outcome: operations()
 LONGEST_REFUSAL = 400  # a longer line dumps something (a list of errors, a repr) instead of saying what went wrong
 # The child: imports Tether, says so, waits for the word, then runs one operation as the user would.
 CHILD = """
@@ -215,15 +217,19 @@ def run_child(op: Operation, spec: dict, kill_after: float | None) -> tuple[floa
     return time.monotonic() - start, killed, child.returncode, output
 
 
-def setup(work: Path) -> Path:
-    """A project on the tiny model with imported votes, prompts, reward model v1, policies v1 and v2, and a backup."""
+def setup(work: Path, chosen: list[str]) -> Path:
+    """A project on the tiny model with imported votes, prompts and a backup; with reward model v1 where a chosen
+    operation uses one or copies its adapter (a backup's tree), and policies v1 and v2 where one rolls back."""
     project = work / "project"
     model = tiny_model(work / "tiny-llama")
     steps = [["init", str(project), "--model", model],
              ["import-prefs", str(jsonl(work / "setup-prefs.jsonl", [
                  {"prompt": f"Setup question {i}?", "chosen": f"A fine answer {i}.", "rejected": "No."} for i in range(40)]))],
-             ["prompts", "import", str(ROOT / "scripts" / "demo_prompts.jsonl")],
-             ["rm", "train"], ["ppo"], ["rollback", "0"]]  # v1 trained, v2 a copy of v0: rolling back to v1 copies it
+             ["prompts", "import", str(ROOT / "scripts" / "demo_prompts.jsonl")]]
+    if {"backup", "restore", "ppo", "rollback"} & set(chosen):
+        steps.append(["rm", "train"])
+    if "rollback" in chosen:
+        steps += [["ppo"], ["rollback", "0"]]  # v1 trained, v2 a copy of v0: rolling back to v1 copies it
     for step in steps:
         done = subprocess.run([TETHER, *step, *([] if step[0] == "init" else ["--project", str(project)])],
                               capture_output=True, text=True)
@@ -304,11 +310,11 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path, rng: random.Random) -> int:
-    project = setup(work)
+    chosen = args.ops.split(",") if args.ops else list(OPERATIONS)
+    if unknown := set(chosen) - set(OPERATIONS):
+        sys.exit(f"no operation {', '.join(sorted(unknown))}: choose from {', '.join(OPERATIONS)}")
+    project = setup(work, chosen)
     ops = operations(project, work, args.size)
-    chosen = args.ops.split(",") if args.ops else list(ops)
-    if unknown := set(chosen) - set(ops):
-        sys.exit(f"no operation {', '.join(sorted(unknown))}: choose from {', '.join(ops)}")
     if args.full_disk:
         print(f"project {project} on a {shutil.disk_usage(work).total // 2**20} MiB tmpfs; {', '.join(chosen)} on a full disk", flush=True)
         return full_disk(ops, chosen, project, work)
