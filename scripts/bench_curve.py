@@ -118,26 +118,35 @@ class Bench:
         run(log, name, [self.tether, "prompts", "import", str(self.args.prompts), "--project", str(project)])
         return project
 
-    def simulate(self, log, name: str, project: Path, judge: str, seed: int, votes: int, rounds: int, report: Path) -> None:
-        run(log, name, [self.tether, "simulate", "--judge", judge, "--agreement", str(self.args.agreement),
+    def simulate(self, log, name: str, project: Path, judge: str, seed: int, votes: int, rounds: int, report: Path,
+                 baseline: int | None = None) -> None:
+        run(log, name, [self.tether, "simulate", *([] if baseline is None else ["--baseline", str(baseline)]),
+                        "--judge", judge, "--agreement", str(self.args.agreement),
                         "--annotators", str(self.args.annotators), "--labels-per-round", str(votes), "--rounds", str(rounds),
                         "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
                         "--report", str(report), "--project", str(project)])
 
     def loop(self, judge: str, seed: int) -> list[dict]:
+        """One loop to the largest of --votes. A loop cut off goes on from its last done round (`tether simulate
+        --baseline 0` on the same project), its rounds' figures appended to the same report as each ends."""
         name = f"{stem(judge)}-loop-seed{seed}"
-        report = self.workdir / f"{name}.jsonl"
-        report.unlink(missing_ok=True)
-        began = time.monotonic()
-        with (self.workdir / f"{name}.log").open("w") as log:
-            project = self.new_project(name, seed, log)
-            set_up = time.monotonic() - began
-            self.simulate(log, name, project, judge, seed, self.args.round_votes, max(self.votes) // self.args.round_votes, report)
-        points, cast, wall = [], 0, set_up
-        for r in (json.loads(line) for line in report.read_text().splitlines() if line.strip()):
-            cast, wall = cast + self.args.round_votes, wall + r["seconds"]
-            points.append({"votes": cast, "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"],
-                           "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
+        project, report, set_up_file = self.workdir / name, self.workdir / f"{name}.jsonl", self.workdir / f"{name}-set-up.txt"
+        with (self.workdir / f"{name}.log").open("a") as log:
+            if not set_up_file.exists():
+                report.unlink(missing_ok=True)
+                began = time.monotonic()
+                self.new_project(name, seed, log)
+                set_up_file.write_text(f"{time.monotonic() - began:.1f}\n")
+            done = len(read_points(report))
+            if done < (rounds := max(self.votes) // self.args.round_votes):
+                if done:
+                    print(f"{name}: going on after round {done}", flush=True)
+                self.simulate(log, name, project, judge, seed, self.args.round_votes, rounds - done, report, baseline=0)
+        points, wall = [], float(set_up_file.read_text())
+        for r in read_points(report):
+            wall += r["seconds"]
+            points.append({"votes": r["round"] * self.args.round_votes, "win_rate": r["win_rate"], "low": r["low"], "high": r["high"],
+                           "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
                            "over_start_high": r["over_start_high"] if r["registered"] else None,
                            "stages": r["stages"], "votes_cast": r["votes"]})
         return points

@@ -285,10 +285,13 @@ def rollback(version: int, project_dir: Path):
 @click.option("--judge-candidates", is_flag=True,
               help="Judge every candidate of each round against the round's start, not only the registered one (or, where none "
                    "was, the one the predictor rated best): an evaluation each, to measure the predictor.")
+@click.option("--baseline", type=click.IntRange(min=0), metavar="VERSION",
+              help="The policy version every round's win rate is measured over [default: the one serving when it starts]; "
+                   "--baseline 0 goes on with a run that was cut off, over v0 as before.")
 @project_option
 def simulate(judge_spec: str, agreement: float, noise: float | None, annotators: int, labels_per_round: int, round_count: int,
              eval_prompts: Path, eval_samples: int | None, seed: int, optimizer: str | None, strategy: str | None, report: Path | None,
-             judge_candidates: bool, project_dir: Path):
+             judge_candidates: bool, baseline: int | None, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
     The noise is set so that votes on pairs of the starting policy's evaluation answers side with
@@ -299,7 +302,8 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     the evaluation prompts, and the round's line says how often its votes sided with the judge,
     the KL to the starting model on the new policy's evaluation answers, the share of answers
     that ended, and where its time went. At the end the last round's pairs get votes too, and
-    the round table of `tether rounds` follows. Each round's candidates are listed with the
+    the round table of `tether rounds` follows. On a project with rounds already it goes on
+    from them: the votes cast since the last round began count towards the next. Each round's candidates are listed with the
     predictor's rating of each and the judge's win rate over the round's start of the one the
     round registered, or where none was, of the one the predictor rated best.
 
@@ -312,7 +316,8 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     prompts = [p.messages for p in read_prompt_file(eval_prompts, project.config.server.import_limits())]
     sim = Simulation(load_judge(judge_spec), prompts, noise=noise, agreement=agreement, annotators=annotators,
                      labels_per_round=labels_per_round, rounds=round_count, eval_samples=eval_samples, seed=seed,
-                     optimizer=optimizer, strategy=strategy, report=report, judge_candidates=judge_candidates)
+                     optimizer=optimizer, strategy=strategy, report=report, judge_candidates=judge_candidates,
+                     baseline=baseline)
     try:
         simulate_rounds(project, sim, click.echo)
     except UnreachableAgreement as e:

@@ -469,6 +469,33 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
     assert ppo_seeds == [("0",), ("1",)]  # each round's PPO draws other prompts than the last
 
 
+def test_simulate_cut_off_after_a_round_goes_on_over_v0_with_each_round_on_its_own_votes(tiny_project, tmp_path):
+    """scripts/bench_curve.py's loop goes on after a cut: the second run's round is round 2, measured over v0 (not over
+    v1, the version serving when it starts), and trains on as many new votes as an uncut run's, counting those the
+    first run cast at its end."""
+    short_training(tiny_project)
+    set_settings(tiny_project, "queue", overlap_share=0.5)
+    run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(5)))
+    report = tmp_path / "rounds.jsonl"
+    for extra in ([], ["--baseline", "0"]):
+        result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10",
+                            "--rounds", "1", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(report),
+                            "--optimizer", "ppo", *extra, "--project", str(tiny_project))
+        assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("sampling 2 answers from v0 ") and lines[1].startswith("round 0: policy v0,")
+    line = next(line for line in lines if line.startswith("round 2:"))
+    assert "policy v2: judge win rate over v0" in line and re.search(r"over v1 \d+\.\d%", line)
+    figures = [json.loads(line) for line in report.read_text().splitlines()]
+    with closing(open_database(tiny_project / "tether.duckdb")) as con:
+        rounds = con.execute("SELECT status, policy_from, policy_to, comparisons_at_start FROM rounds ORDER BY id").fetchall()
+        registered = con.execute("SELECT kl_to_v0 FROM candidates WHERE chosen ORDER BY round").fetchall()
+    assert rounds == [("done", 0, 1, 10), ("done", 1, 2, 20)]
+    assert [f["round"] for f in figures] == [1, 2] and [(f["kl_to_v0"],) for f in figures] == registered
+
+
 def test_simulate_with_no_rounds_casts_its_votes_on_v0s_answers_and_trains_nothing(tiny_project, tmp_path):
     """As a team collects votes before it trains once (scripts/bench_curve.py's offline arms): more of v0's answers
     are paired until every vote is cast."""

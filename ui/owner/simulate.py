@@ -25,8 +25,8 @@ from store.jobs import job_metrics, metric_series, round_jobs
 from store.policies import Policy, copied_version, get_policy
 from store.prompts import prompts_to_generate
 from store.reward_models import get_reward_model
-from store.rounds import AVERAGE, Round, round_candidates
-from ui.owner.history import RoundSummary, round_report, round_summary
+from store.rounds import AVERAGE, Round, comparisons_made, list_rounds, round_candidates
+from ui.owner.history import RoundSummary, round_history, round_report, round_summary
 from ui.owner.jobs import run_to_end
 from ui.owner.project import Project, job_dir
 from ui.owner.round import run_round
@@ -56,6 +56,7 @@ class Simulation:
     strategy: str | None = None  # [queue] strategy when None
     report: Path | None = None  # where to append each round's figures, one JSON object per line
     judge_candidates: bool = False  # judge every candidate against the round's start, not only the registered or top-rated one
+    baseline: int | None = None  # the version every round's win rate is measured over; None: the one serving at the start
 
     @property
     def answers_per_prompt(self) -> int:
@@ -64,7 +65,10 @@ class Simulation:
 
 def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> None:
     """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table
-    follows. With 0 rounds, sim.labels_per_round votes on the starting policy's answers and nothing more."""
+    follows. With 0 rounds, sim.labels_per_round votes on the starting policy's answers and nothing more.
+
+    On a project with rounds already it goes on from them: the votes cast since the last round began count towards
+    the next, and with sim.baseline = 0 the win rates stay over v0, so a long run cut off goes on where it stopped."""
     if sim.strategy is not None:
         queue = dataclasses.replace(project.config.queue, strategy=sim.strategy)
         project = dataclasses.replace(project, config=dataclasses.replace(project.config, queue=queue))
@@ -72,16 +76,13 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     names = [f"simulated-{i}" for i in range(1, sim.annotators + 1)]
     prompts = sim.eval_prompts
     start = project.run(get_policy, None)
+    base = start.version if sim.baseline is None else project.run(get_policy, sim.baseline).version
     per_prompt = sim.answers_per_prompt
-    say(f"sampling {per_prompt} answers from the starting policy v{start.version} to each of {len(prompts)} evaluation prompts")
-    evaluated = {start.version: sample_answers(project, start, prompts, per_prompt, sim.seed, kl=False)[0]}
-    baseline = evaluated[start.version]
+    evaluated: dict[int, list] = {}
     # Each version's KL to v0 as the round measured it when it registered the version, on the predictor's answers: the
     # measure [round] kl_budget holds. Measuring it again on the evaluation answers took a third of the bench's time.
-    kl_to_v0: dict[int, float | None] = {start.version: 0.0} if start.version == 0 else {}
-    say(f"round 0: policy v{start.version}, judge mean score "
-        f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
-    sim = with_noise(sim, within_prompt_margins(sim.judge, prompts, _texts(baseline)), start.version, say)
+    kl_to_v0: dict[int, float | None] = {0: 0.0} | {
+        s.round.policy_to: s.kl for s in round_history(project.run) if s.round.policy_to is not None}
 
     def answers_of(version: int) -> list:
         """A version's evaluation answers, sampled once: a rollback's copy answers as the version it copies."""
@@ -95,10 +96,17 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         copied = project.run(copied_version, version)
         return kl_of(copied) if copied is not None else kl_to_v0.get(version)
 
-    for number in range(1, sim.rounds + 1):
+    say(f"sampling {per_prompt} answers from v{base} to each of {len(prompts)} evaluation prompts")
+    baseline = answers_of(base)
+    say(f"round 0: policy v{base}, judge mean score "
+        f"{judge_against(sim.judge, prompts, _texts(baseline), _texts(baseline)).mean_score:.3f}, {_ended(baseline)} of its answers ended")
+    sim = with_noise(sim, within_prompt_margins(sim.judge, prompts, _texts(baseline)), base, say)
+
+    done = len(_done_rounds(project))
+    for number in range(done + 1, done + sim.rounds + 1):
         seconds: Counter = Counter()
         began = time.monotonic()
-        votes = _cast(project, sim, names, rng, seconds)
+        votes = _cast(project, sim, names, rng, seconds, labels=max(sim.labels_per_round - _untrained_votes(project), 0))
         round_ = run_round(project, optimizer=sim.optimizer, seconds=seconds)
         clock = time.monotonic()
         summary = round_summary(project.run, round_.id)
@@ -114,7 +122,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
         seconds["judging candidates"] += time.monotonic() - clock
         over_v0 = judge_against(sim.judge, prompts, _texts(answers), _texts(baseline))
         over_start = judge_against(sim.judge, prompts, _texts(answers), _texts(start_answers))
-        outcome = (f"policy v{served}: judge win rate over v{start.version} {over_v0.win_rate:.1%} [{over_v0.low:.1%}, {over_v0.high:.1%}] on "
+        outcome = (f"policy v{served}: judge win rate over v{base} {over_v0.win_rate:.1%} [{over_v0.low:.1%}, {over_v0.high:.1%}] on "
                    f"{over_v0.pairs} answers, over v{round_.policy_from} {over_start.win_rate:.1%} [{over_start.low:.1%}, {over_start.high:.1%}]"
                    if round_.policy_to is not None else f"no version registered: v{served} serves on")
         say(
@@ -190,10 +198,22 @@ def with_noise(sim: Simulation, margins: list[float], version: int, say: Callabl
     return dataclasses.replace(sim, noise=noise)
 
 
+def _done_rounds(project: Project) -> list[Round]:
+    return [r for r in project.run(list_rounds) if r.status == "done"]
+
+
+def _untrained_votes(project: Project) -> int:
+    """Votes cast since the last done round began (or ever, before any): those a cut-off run cast on its last round's
+    pairs, or for the round the cut failed, which the next round trains on instead."""
+    done = _done_rounds(project)
+    return project.run(comparisons_made) - (done[-1].comparisons_at_start if done else 0)
+
+
 def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Random, seconds: Counter,
-          generate_more: bool = True) -> Votes:
-    """Up to sim.labels_per_round votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
-    labels = sim.labels_per_round
+          generate_more: bool = True, labels: int | None = None) -> Votes:
+    """Up to `labels` votes (sim.labels_per_round by default); when the queue runs dry the newest policy answers the
+    prompts again, unless told not to."""
+    labels = sim.labels_per_round if labels is None else labels
     began = time.monotonic()
     votes = cast_votes(project.run, project.config.queue, sim.judge, sim.noise, names, labels, rng)
     seconds["votes"] += time.monotonic() - began
