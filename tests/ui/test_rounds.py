@@ -574,7 +574,7 @@ def test_simulate_judges_enough_answers_and_refuses_an_agreement_its_judge_canno
     result = run_tether("simulate", "--judge", f"{flat}:judge", "--eval-prompts", str(eval_file), "--project", str(tiny_project))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     # 39 answers to each of 5 prompts: 195 against the starting policy's 195, at least 192 a round.
-    assert "sampling 39 answers from the starting policy v0 to each of 5 evaluation prompts" in result.stdout
+    assert "sampling 39 answers from v0 to each of 5 evaluation prompts" in result.stdout
     assert "the judge scores 100% of the 3705 pairs the same" in result.stderr and "give --noise" in result.stderr
 
 
