@@ -315,6 +315,7 @@ def run(args: argparse.Namespace, work: Path, rng: random.Random) -> int:
         sys.exit(f"no operation {', '.join(sorted(unknown))}: choose from {', '.join(OPERATIONS)}")
     project = setup(work, chosen)
     ops = operations(project, work, args.size)
+    assert list(ops) == OPERATIONS, "OPERATIONS names operations()'s, in its order"
     if args.full_disk:
         print(f"project {project} on a {shutil.disk_usage(work).total // 2**20} MiB tmpfs; {', '.join(chosen)} on a full disk", flush=True)
         return full_disk(ops, chosen, project, work)

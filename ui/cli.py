@@ -303,9 +303,10 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     the KL to the starting model on the new policy's evaluation answers, the share of answers
     that ended, and where its time went. At the end the last round's pairs get votes too, and
     the round table of `tether rounds` follows. On a project with rounds already it goes on
-    from them: the votes cast since the last round began count towards the next. Each round's candidates are listed with the
-    predictor's rating of each and the judge's win rate over the round's start of the one the
-    round registered, or where none was, of the one the predictor rated best.
+    from them: the votes cast since the last done round began count towards the next. Each
+    round's candidates are listed with the predictor's rating of each and the judge's win rate
+    over the round's start of the one the round registered, or where none was, of the one the
+    predictor rated best.
 
     \b
     Example:

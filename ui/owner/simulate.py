@@ -67,8 +67,8 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table
     follows. With 0 rounds, sim.labels_per_round votes on the starting policy's answers and nothing more.
 
-    On a project with rounds already it goes on from them: the votes cast since the last round began count towards
-    the next, and with sim.baseline = 0 the win rates stay over v0, so a long run cut off goes on where it stopped."""
+    On a project with rounds already it goes on from them: the votes cast since the last done round began count
+    towards the next, and with sim.baseline = 0 the win rates stay over v0, so a long run cut off goes on where it stopped."""
     if sim.strategy is not None:
         queue = dataclasses.replace(project.config.queue, strategy=sim.strategy)
         project = dataclasses.replace(project, config=dataclasses.replace(project.config, queue=queue))
