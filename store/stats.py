@@ -88,3 +88,18 @@ def version_votes(con: Connection) -> list[tuple[int, int, str, int | None, int 
         ORDER BY c.id
         """
     ).fetchall()
+
+
+def votes_before_versions(con: Connection) -> dict[int, int]:
+    """Each policy version's count of people's votes cast before it was made (a ranking once, by its lead pair's vote):
+    where it stands on the learning curve."""
+    rows = con.execute(
+        """
+        SELECT p.version, count(c.id)
+        FROM policies p
+        LEFT JOIN comparisons c ON c.created_at < p.created_at AND c.source <> 'ai'
+             AND c.pair_id NOT IN (SELECT id FROM pairs WHERE task IS NOT NULL)
+        GROUP BY p.version ORDER BY p.version
+        """
+    ).fetchall()
+    return dict(rows)

@@ -429,6 +429,7 @@ def test_the_loop_view_shows_two_rounds_at_1280_px_without_a_click_on_refresh(br
         ratings = page.get_by_role("grid", name=re.compile("^Bradley-Terry ratings"))
         for version in ("v0", "v1", "v2"):
             expect(ratings.get_by_role("gridcell", name=version, exact=True)).to_be_visible()
+        expect(page.get_by_text("Each version's rating by people against the votes cast so far", exact=True)).to_be_visible()
         expect(page.get_by_label("Reward model for the round")).to_have_value("a new one, trained on every vote so far")
         expect(page.get_by_role("radio", name="AUTO", exact=True)).to_be_checked()  # [round] optimizer
         for other in ("PPO", "DPO", "GRPO"):

@@ -67,7 +67,7 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         wait_for_no_round(operator, seen)
         assert {"reward model", "PPO"} <= round_jobs(seen, 1), seen
 
-        history, settings, scores, warnings, shown, samples, candidates, reward_choices, *plots = operator.predict(None, api_name="/rounds")
+        history, settings, scores, warnings, _, shown, samples, candidates, reward_choices, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1 (head)"]
         # One candidate, registered whatever the predictor said ([round] register = "best" in tiny_project).
@@ -98,11 +98,15 @@ def test_an_operator_runs_a_round_in_the_app_and_sees_its_steps_history_and_rati
         while token and votes < 50:
             token = annotator.predict(token, None, "", api_name="/vote_left")[0]
             votes += 1
-        history, settings, scores, *_ = operator.predict(None, api_name="/rounds")
+        history, settings, scores, _, rating_curve, *_ = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
         assert newest["votes"] == votes > 0
         assert newest["win rate [95% CI]"].endswith("]") and newest["length-controlled [95% CI]"].endswith("]")
         assert {row[0] for row in scores["data"]} == {"v0", "v1"}
+        # Each version on the learning curve: v1 after the votes on v0's pairs it learnt from, at its rating.
+        curve = {version: (cast, rating) for version, cast, rating in rating_curve["data"]}
+        assert curve["v0"][0] == 0 and curve["v1"][0] > 0, curve
+        assert {version: rating for version, (_, rating) in curve.items()} == {version: rating for version, rating in scores["data"]}
 
 
 @pytest.mark.deep
@@ -116,7 +120,7 @@ def test_an_operator_runs_a_dpo_round_in_the_app_and_sees_its_curves(tiny_projec
         wait_for_no_round(operator, seen)
         assert {"DPO", "predictor", "completions"} <= round_jobs(seen, 1), seen
 
-        history, settings, _, _, shown, samples, _, _, *plots = operator.predict(None, api_name="/rounds")
+        history, settings, _, _, _, shown, samples, _, _, *plots = operator.predict(None, api_name="/rounds")
         newest = newest_round(history, settings)
         assert [newest[k] for k in ("round", "status", "policy", "reward model")] == [1, "done", "v0 → v1", "v1 (head)"]
         assert newest["optimizer and settings"].startswith("DPO: pairs human, beta 0.1, votes new, epochs 1,")

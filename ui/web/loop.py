@@ -10,6 +10,7 @@ import pandas as pd
 from store.jobs import get_job, metric_series
 from store.reward_models import list_reward_models
 from store.rounds import current_job_id, get_round, running_round
+from store.stats import votes_before_versions
 from train.runtime.jobdir import read_events
 from ui.owner.config import OPTIMIZERS
 from ui.owner.history import RoundSummary, describe, ratings, reward_model_note, round_history, round_warnings
@@ -154,7 +155,9 @@ def _round_tables() -> list[gr.Component]:
         scores = gr.Dataframe(headers=["policy", "rating"], label="Bradley-Terry ratings from cross-version votes (v0 = 1000)",
                               interactive=False, scale=1)
         warnings = gr.Textbox(label="The reward model in use, and warnings", lines=4, interactive=False, scale=3)
-    return [history, settings, scores, warnings]
+    curve = gr.LinePlot(x="votes cast", y="rating", tooltip=["version", "votes cast", "rating"], x_title="people's votes cast before the version",
+                        y_title="people's rating (Bradley-Terry, v0 = 1000)", label="Each version's rating by people against the votes cast so far")
+    return [history, settings, scores, warnings, curve]
 
 
 def _round_controls(server: Server, cancel: gr.Button) -> gr.Dropdown:
@@ -234,13 +237,16 @@ def _round_training() -> tuple[gr.Dropdown, gr.Dataframe, gr.Dataframe, list[gr.
 
 
 def loop_view(server: Server, shown_round: int | None) -> tuple:
-    """The round table and the settings of each round, the ratings, the warnings, and the training curves
-    and samples of one round (the newest unless chosen), in build_loop's order of outputs."""
+    """The round table and the settings of each round, the ratings, the warnings, the ratings against the votes cast,
+    and the training curves and samples of one round (the newest unless chosen), in build_loop's order of outputs."""
     history = round_history(server.db)
     rows = [describe(summary) for summary in reversed(history)]
     table = [[row[key] for key, _ in ROUND_COLUMNS] for row in rows]
     settings = [[row[key] for key, _ in SETTINGS_COLUMNS] for row in rows]
-    scores = [[f"v{v}", round(r)] for v, r in sorted(ratings(server.db).items(), key=lambda item: -item[1])]
+    rated, before = ratings(server.db), server.db(votes_before_versions)
+    scores = [[f"v{v}", round(r)] for v, r in sorted(rated.items(), key=lambda item: -item[1])]
+    curve = pd.DataFrame([(f"v{v}", before[v], round(r)) for v, r in sorted(rated.items()) if v in before],
+                         columns=["version", "votes cast", "rating"])  # where each version stands on the learning curve
     length = server.project.config.length_warning()
     note = reward_model_note(server.db, server.project.config.reward_model)
     warnings = "\n".join(([note] if note else []) + ([length] if length else []) + round_warnings(server.db, history, server.project.config.round.start_from)) or "None."
@@ -248,7 +254,7 @@ def loop_view(server: Server, shown_round: int | None) -> tuple:
     shown = next((s for s in trained if s.round.id == shown_round), trained[-1] if trained else None)
     choice = gr.update(choices=[s.round.id for s in trained], value=shown.round.id if shown else None)
     reward_choices = gr.update(choices=[NEW_REWARD_MODEL] + [(f"v{rm.version}", rm.version) for rm in server.db(list_reward_models)])
-    return (table, settings, scores, warnings, choice, _samples(server, shown), _candidates(shown), reward_choices, *_plots(server, shown))
+    return (table, settings, scores, warnings, curve, choice, _samples(server, shown), _candidates(shown), reward_choices, *_plots(server, shown))
 
 
 def _curves_job(summary: RoundSummary) -> tuple[int, str] | None:
