@@ -15,9 +15,11 @@ simulate`). The arms:
 
 Every point is judged on --eval-count prompts, --eval-samples answers each (384 pairs by default), against v0's
 answers to them, with the same seed in every arm; beside it the KL to v0 on those answers, the share that ended and
-the wall time. Each point is appended to WORKDIR/points.jsonl as its arm ends: run again with the same --workdir and
-the arms already there are skipped, so a long run goes on later from where it stopped. Then a table, by judge, arm and
-vote count, of the mean over seeds, the worst seed and each seed's figures, and with --plot a PNG of the curves.
+the wall time. An offline arm's points are appended to WORKDIR/points.jsonl as the arm ends, a loop's to its report as
+each round ends: run again with the same --workdir and what is there already is skipped, so a long run goes on later
+from where it stopped (a loop from its last done round). Then a table, by judge, arm and vote count, of the mean over
+seeds, the worst seed and each seed's figures (a loop cut off short counts with the rounds it has), and with --plot a
+PNG of the curves.
 
 Run with nothing else on the machine: two torch processes on a few cores slow each other badly.
 
@@ -73,23 +75,27 @@ def main() -> None:
         parser.error(f"every --votes count must be a multiple of --round-votes {args.round_votes}: the loop is read after a round")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
     points_file = workdir / "points.jsonl"
-    done = {(p["judge"], p["seed"], p["arm"]) for p in read_points(points_file)}
+    done = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in read_points(points_file)}
     bench = Bench(args, workdir, eval_file, votes)
     for judge in judges:
         for seed in args.seeds:
             for arm in arms:
+                if arm == "loop":  # its report is its record, a round at a time
+                    bench.loop(judge, seed)
+                    continue
                 names = [arm] if arm != "offline-trl" else [f"{arm}:{setting}" for setting in TRL_SETTINGS]
                 for name in names:
-                    if (judge, seed, name) in done:
+                    counts = [max(votes)] if arm == "offline-tether" else votes
+                    if not (wanted := [n for n in counts if (judge, seed, name, n) not in done]):
                         print(f"{judge} seed {seed} {name}: in {points_file} already", flush=True)
                         continue
-                    began = time.monotonic()
-                    points = bench.arm(name, judge, seed)
-                    with points_file.open("a", encoding="utf-8") as f:
-                        for point in points:
+                    for n in wanted:  # each point recorded as it ends
+                        began = time.monotonic()
+                        point = bench.offline_tether(judge, seed) if arm == "offline-tether" else bench.offline_trl(judge, seed, name.split(":")[1], n)
+                        with points_file.open("a", encoding="utf-8") as f:
                             f.write(json.dumps({"judge": judge, "seed": seed, "arm": name, **point}) + "\n")
-                    print(f"{judge} seed {seed} {name}: {len(points)} points in {time.monotonic() - began:.0f} s", flush=True)
-    points = read_points(points_file)
+                        print(f"{judge} seed {seed} {name} at {n} votes: {point['win_rate']:.1%} in {time.monotonic() - began:.0f} s", flush=True)
+    points = read_points(points_file) + [p for judge in judges for seed in args.seeds for p in bench.loop_points(judge, seed)]
     print_table(points, votes)
     if args.plot:
         plot(points, votes, args.plot)
@@ -101,13 +107,6 @@ class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int]):
         self.args, self.workdir, self.eval_file, self.votes = args, workdir, eval_file, votes
         self.tether = str(Path(sys.executable).parent / "tether")  # installed beside this Python by scripts/setup.sh
-
-    def arm(self, name: str, judge: str, seed: int) -> list[dict]:
-        if name == "loop":
-            return self.loop(judge, seed)
-        if name == "offline-tether":
-            return [self.offline_tether(judge, seed)]
-        return [self.offline_trl(judge, seed, name.split(":")[1], n) for n in self.votes]
 
     def new_project(self, name: str, seed: int, log) -> Path:
         project = self.workdir / name
@@ -126,11 +125,16 @@ class Bench:
                         "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
                         "--report", str(report), "--project", str(project)])
 
-    def loop(self, judge: str, seed: int) -> list[dict]:
+    def loop_files(self, judge: str, seed: int) -> tuple[str, Path, Path]:
+        """A loop's name, its report (a line a round) and the file holding its set-up's seconds."""
+        name = f"{stem(judge)}-loop-seed{seed}"
+        return name, self.workdir / f"{name}.jsonl", self.workdir / f"{name}-set-up.txt"
+
+    def loop(self, judge: str, seed: int) -> None:
         """One loop to the largest of --votes. A loop cut off goes on from its last done round (`tether simulate
         --baseline 0` on the same project), its rounds' figures appended to the same report as each ends."""
-        name = f"{stem(judge)}-loop-seed{seed}"
-        project, report, set_up_file = self.workdir / name, self.workdir / f"{name}.jsonl", self.workdir / f"{name}-set-up.txt"
+        name, report, set_up_file = self.loop_files(judge, seed)
+        project = self.workdir / name
         with (self.workdir / f"{name}.log").open("a") as log:
             if not set_up_file.exists():
                 report.unlink(missing_ok=True)
@@ -141,12 +145,23 @@ class Bench:
             if done < (rounds := max(self.votes) // self.args.round_votes):
                 if done:
                     print(f"{name}: going on after round {done}", flush=True)
+                began = time.monotonic()
                 self.simulate(log, name, project, judge, seed, self.args.round_votes, rounds - done, report, baseline=0)
+                print(f"{judge} seed {seed} loop: {rounds - done} rounds in {time.monotonic() - began:.0f} s, with v0's evaluation "
+                      "and the last round's votes", flush=True)
+            else:
+                print(f"{judge} seed {seed} loop: its {done} rounds in {report} already", flush=True)
+
+    def loop_points(self, judge: str, seed: int) -> list[dict]:
+        """A loop's points, one a round done so far, each with the wall time since the loop began."""
+        _, report, set_up_file = self.loop_files(judge, seed)
+        if not set_up_file.exists():
+            return []
         points, wall = [], float(set_up_file.read_text())
         for r in read_points(report):
             wall += r["seconds"]
-            points.append({"votes": r["round"] * self.args.round_votes, "win_rate": r["win_rate"], "low": r["low"], "high": r["high"],
-                           "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
+            points.append({"judge": judge, "seed": seed, "arm": "loop", "votes": r["round"] * self.args.round_votes,
+                           "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
                            "over_start_high": r["over_start_high"] if r["registered"] else None,
                            "stages": r["stages"], "votes_cast": r["votes"]})
         return points
@@ -192,7 +207,7 @@ class Bench:
             run(log, name, [self.tether, "round", "--project", str(copy)])
         trained = time.monotonic() - began
         point = evaluate(copy, judge, None, self.eval_file, self.args.eval_samples, seed)
-        return {"votes": len(rows), **point, "seconds": collecting + trained + point.pop("evaluating"), "training_seconds": trained}
+        return {"votes": max(self.votes), "votes_exported": len(rows), **point, "seconds": collecting + trained + point.pop("evaluating"), "training_seconds": trained}
 
 
 def first_votes_as_pairs(rows: list[dict], n: int) -> list[dict]:
@@ -257,8 +272,11 @@ def evaluate(project_dir: Path, judge: str, adapter: Path | None, eval_file: Pat
     prompts = [p.messages for p in read_prompt_file(eval_file, project.config.server.import_limits())]
     policy = adapter / "policy" if adapter is not None else project.run(get_policy, None)
     answers, kl = sample_answers(project, policy, prompts, samples, seed)
-    baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, samples, seed, kl=False)
-    verdict = judge_against(load_judge(judge), prompts, [a.text for a in answers], [a.text for a in baseline])
+    baseline_file = eval_file.parent / f"v0-answers-seed{seed}-{len(prompts)}x{samples}.json"  # the same in every arm: sampled once
+    if not baseline_file.exists():
+        baseline, _ = sample_answers(project, project.run(get_policy, 0), prompts, samples, seed, kl=False)
+        baseline_file.write_text(json.dumps([a.text for a in baseline]))
+    verdict = judge_against(load_judge(judge), prompts, [a.text for a in answers], json.loads(baseline_file.read_text()))
     return {"win_rate": verdict.win_rate, "low": verdict.low, "high": verdict.high, "pairs": verdict.pairs, "kl_to_v0": kl,
             "ended": sum(a.finished for a in answers) / len(answers), "evaluating": time.monotonic() - began}
 
@@ -272,12 +290,11 @@ def stem(judge: str) -> str:
 
 
 def curves(points: list[dict], votes: list[int]) -> dict[tuple[str, str], dict[int, list[dict]]]:
-    """By judge and arm (TRL's stronger setting as `offline-trl`, per judge and vote count by the mean over seeds), the
-    points at each vote count, a seed each."""
+    """By judge and arm (TRL's stronger setting as `offline-trl`, per judge and vote count of `votes` by the mean over
+    seeds), the points at each vote count, a seed each."""
     table: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for p in points:
-        if p["votes"] in votes:
-            table[(p["judge"], p["arm"])][p["votes"]].append(p)
+        table[(p["judge"], p["arm"])][p["votes"]].append(p)
     for judge in {j for j, _ in table}:
         settings = [(judge, f"offline-trl:{s}") for s in TRL_SETTINGS if (judge, f"offline-trl:{s}") in table]
         for n in votes:
@@ -310,25 +327,31 @@ def plot(points: list[dict], votes: list[int], path: Path) -> None:
     try:
         import matplotlib
     except ImportError:
-        sys.exit("--plot needs matplotlib: .venv/bin/pip install matplotlib")
+        sys.exit("--plot needs matplotlib: .venv/bin/pip install -e '.[bench]'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     table = curves(points, votes)
     judges = sorted({judge for judge, _ in table})
     figure, axes = plt.subplots(1, len(judges), figsize=(5 * len(judges), 4), squeeze=False, sharey=True)
     for ax, judge in zip(axes[0], judges):
         for arm in (a for a in ("loop", "offline-trl", "offline-tether") if (judge, a) in table):
-            counts = [n for n in votes if table[(judge, arm)].get(n)]
+            counts = sorted(table[(judge, arm)])  # the loop's after every round
             means = [statistics.mean(p["win_rate"] for p in table[(judge, arm)][n]) for n in counts]
             lows = [min(p["low"] for p in table[(judge, arm)][n]) for n in counts]
             highs = [max(p["high"] for p in table[(judge, arm)][n]) for n in counts]
             ax.plot(counts, means, marker="o", label=arm)
             ax.fill_between(counts, lows, highs, alpha=0.15)
         ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
-        ax.set(title=f"judge: {judge}", xlabel="votes cast", xscale="log", xticks=votes, xticklabels=[str(n) for n in votes])
+        ax.set(title=f"judge: {judge}", xlabel="votes cast", xscale="log", xlim=(votes[0] / 1.2, votes[-1] * 1.2))
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(votes))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([str(n) for n in votes]))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.legend()
-    axes[0][0].set_ylabel("judge's win rate over v0 (mean over seeds; band: the seeds' 95% intervals)")
+    axes[0][0].set_ylabel("judge's win rate over v0")
+    figure.suptitle("The mean over seeds; the band spans the seeds' 95% intervals", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     print(f"wrote {path}")
