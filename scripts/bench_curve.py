@@ -15,7 +15,7 @@ simulate`). The arms:
 
 Every point is judged on --eval-count prompts, --eval-samples answers each (384 pairs by default), against v0's
 answers to them, with the same seed in every arm; beside it the KL to v0 on those answers, the share that ended and
-the wall time. An offline arm's points are appended to WORKDIR/points.jsonl as the arm ends, a loop's to its report as
+the wall time. An offline arm's points are appended to WORKDIR/points.jsonl (or --points) as each ends, a loop's to its report as
 each round ends: run again with the same --workdir and what is there already is skipped, so a long run goes on later
 from where it stopped (a loop from its last done round). Then a table, by judge, arm and vote count, of the mean over
 seeds, the worst seed and each seed's figures (a loop cut off short counts with the rounds it has), and with --plot a
@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Model id or directory (default: the default model).")
     parser.add_argument("--prompts", type=Path, default=ROOT / "scripts" / "demo_prompts.jsonl", help="The projects' training prompts (default: the demo's).")
     parser.add_argument("--workdir", type=Path, help="Where the projects, logs and points.jsonl go; the same again to go on (default: a new temporary directory).")
+    parser.add_argument("--points", type=Path, help="Where the offline arms' points are appended (default: WORKDIR/points.jsonl); "
+                        "a file kept with the repository lets another machine go on without the arms done.")
     parser.add_argument("--plot", type=Path, help="Also draw the curves, with their intervals, to this PNG (needs matplotlib).")
     args = parser.parse_args()
 
@@ -74,7 +76,7 @@ def main() -> None:
     if any(v % args.round_votes for v in votes):
         parser.error(f"every --votes count must be a multiple of --round-votes {args.round_votes}: the loop is read after a round")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
-    points_file = workdir / "points.jsonl"
+    points_file = args.points or workdir / "points.jsonl"
     done = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in read_points(points_file)}
     bench = Bench(args, workdir, eval_file, votes)
     for judge in judges:

@@ -14,6 +14,13 @@ fits a reward model on them and is scored on the held-out prompts' answers again
     RM~judge   the within-prompt Pearson correlation of its scores with the judge's (both less their
                prompt's mean), over every held-out answer
     accuracy   the share of held-out pairs the judge does not tie that it orders as the judge does
+    pick       the judge's rank of the answer a best-of-8 pick keeps among its held-out prompt's 8 (1: the judge's
+               best, 0: its worst, ties share; a random pick averages 0.5), picking by the heads' mean (the reward);
+               for a head arm also by the conservative reward that PPO and GRPO optimise, the mean less one spread
+               of the heads ([ppo] uncertainty_penalty = 1), with the shipped 4 heads and with 64, and by the
+               least spread alone
+    at cap     a head arm's share of fits whose evidence sent the prior's precision to its cap (1e12): the
+               votes showed it no signal, and its heads are draws of the prior
 
 each as the mean over draws and its spread (standard deviation), with the fit's seconds and the
 arm's peak resident memory (each arm runs in its own process, the cached features loaded).
@@ -183,7 +190,8 @@ HEAD_ARMS = {
     "head-last-token": ((1,), "last", "evidence", "laplace", True),
 }
 ARMS = (*HEAD_ARMS, "lora", "lora-distilled", "ceiling")
-HEADS = 4
+HEADS = 4  # [reward_model] heads
+EVIDENCE_CAP = 1e12  # train.reward.head.evidence_alpha's largest
 
 
 def arm_features(name: str, answers: Answers):
@@ -195,8 +203,8 @@ def arm_features(name: str, answers: Answers):
     return answers.states[:, POOLINGS.index(pooling), layers].flatten(1)
 
 
-def head_arm(name: str, answers: Answers, scored=None):
-    """fit(votes) -> the held-out answers' rewards (or those of `scored`), for a head arm: raw, the MAP head's."""
+def head_arm(name: str, answers: Answers, scored=None, heads: int = HEADS):
+    """fit(votes) -> the held-out answers' (or `scored`'s) raw scores, (answers, heads), and the prior's precision."""
     import torch
 
     from train.reward.head import fit_head
@@ -205,13 +213,36 @@ def head_arm(name: str, answers: Answers, scored=None):
     features = arm_features(name, answers)
     held = list(scored) if scored is not None else held_out_answers(answers)
 
-    def fit(votes: list[Vote]) -> list[float]:
+    def fit(votes: list[Vote]):
         confidence = torch.tensor([v.confidence if noise_aware else 1.0 for v in votes])
         head = fit_head(features[[v.chosen for v in votes]], features[[v.rejected for v in votes]], confidence,
-                        [v.prompt for v in votes], HEADS, prior, posterior)
-        return head.raw_scores(features[held]).mean(dim=1).tolist()
+                        [v.prompt for v in votes], heads, prior, posterior)
+        return head.raw_scores(features[held]), head.alpha
 
     return fit
+
+
+def head_picks(fit, fit_many, votes: list[Vote], truth: list[float]) -> tuple[list[float], dict]:
+    """The held-out answers' rewards (the heads' mean) and the head arm's pick ranks and cap, as run_arm records them."""
+    scores, alpha = fit(votes)
+    many, _ = fit_many(votes)
+    mean, spread = scores.mean(dim=1), scores.std(dim=1)
+    by = {"pick_conservative": mean - spread, "pick_conservative_64": many.mean(dim=1) - many.std(dim=1), "pick_least_spread": -spread}
+    return mean.tolist(), {**{k: pick_rank(v.tolist(), truth, ANSWERS_PER_PROMPT) for k, v in by.items()}, "at_cap": alpha >= EVIDENCE_CAP}
+
+
+def pick_rank(by: list[float], judged: list[float], size: int) -> float:
+    """The judge's mean rank of the answer `by` rates highest in each prompt's `size` consecutive answers (ties in `by`
+    broken at random, a fixed seed), each rank the share of the prompt's other answers the judge puts below it, ties
+    counted half."""
+    rng, ranks = random.Random(0), []
+    for start in range(0, len(by), size):
+        scores, judge = by[start : start + size], judged[start : start + size]
+        best = max(scores)
+        pick = rng.choice([i for i, s in enumerate(scores) if s == best])
+        others = [j for i, j in enumerate(judge) if i != pick]
+        ranks.append(sum(1.0 if judge[pick] > j else 0.5 if judge[pick] == j else 0.0 for j in others) / len(others))
+    return sum(ranks) / len(ranks)
 
 
 def ceiling_arm(answers: Answers, scores: list[float]):
@@ -250,13 +281,13 @@ def lora_arm(answers: Answers, distilled: bool = False):
     model_path = resolve_model_path(DEFAULT_MODEL)
     config = RewardModelConfig(eval_share=0.0)  # held out here: the held-out prompts' answers
     held = held_out_answers(answers)
-    head_rewards = head_arm("head", answers, scored=range(len(answers.texts))) if distilled else None
+    head_scores = head_arm("head", answers, scored=range(len(answers.texts))) if distilled else None
     pairs = training_pairs(answers)
 
     def fit(votes: list[Vote]) -> list[float]:
         rows = [PreferenceRow(answers.prompts[v.prompt], answers.texts[v.chosen], answers.texts[v.rejected]) for v in votes]
-        if head_rewards is not None:
-            rewards = head_rewards(votes)
+        if head_scores is not None:
+            rewards = head_scores(votes)[0].mean(dim=1).tolist()
             voted = {(v.prompt, min(v.chosen, v.rejected), max(v.chosen, v.rejected)) for v in votes}
             extra = random.Random(len(votes)).sample([p for p in pairs if p not in voted], len(votes))
             for prompt, a, b in extra:
@@ -304,6 +335,7 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
     lora = name.startswith("lora")
     draws = args.lora_draws if lora else 1 if name == "ceiling" else args.draws
     fit = lora_arm(answers, distilled=name == "lora-distilled") if lora else head_arm(name, answers) if name in HEAD_ARMS else None
+    fit_many = head_arm(name, answers, heads=64) if name in HEAD_ARMS else None
     for judge_name in args.judges.split(","):
         scores = judged(answers, judge_name)
         if name == "ceiling":  # fitted to each judge's own scores
@@ -315,11 +347,12 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
                 cast, flip = draw_votes(pairs, scores, noise, votes, random.Random(f"{args.seed}-{judge_name}-{votes}-{draw}"),
                                         args.overlap_share, 2)
                 started = time.perf_counter()
-                rewards = fit(cast)
+                rewards, picks = head_picks(fit, fit_many, cast, truth) if fit_many else (fit(cast), {})
                 seconds = time.perf_counter() - started
                 print(json.dumps({"judge": judge_name, "votes": votes, "draw": draw, "flip_rate": flip, "seconds": seconds,
                                   "correlation": within_prompt_correlation(rewards, truth, groups),
-                                  "accuracy": held_out_accuracy(rewards, truth, groups)}), flush=True)
+                                  "accuracy": held_out_accuracy(rewards, truth, groups),
+                                  "pick": pick_rank(rewards, truth, ANSWERS_PER_PROMPT), **picks}), flush=True)
 
 
 def measure(name: str, args: argparse.Namespace) -> tuple[list[dict], float]:
@@ -361,15 +394,25 @@ def summary_table(results: dict[str, tuple[list[dict], float]], judges: list[str
     def spread(values: list[float]) -> str:
         return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
-    lines = ["| judge | votes | arm | draws | RM~judge (mean ± sd) | held-out accuracy | fit s | peak GB |",
-             "|---|---:|---|---:|---|---|---:|---:|"]
+    def picks(fits: list[dict]) -> str:
+        if "pick" not in fits[0]:  # recorded before the picks were
+            return " | | | | |"
+        if "pick_conservative" not in fits[0]:
+            return f" {statistics.fmean(f['pick'] for f in fits):.3f} | | | | |"
+        ranks = " | ".join(f"{statistics.fmean(f[key] for f in fits):.3f}"
+                           for key in ("pick", "pick_conservative", "pick_conservative_64", "pick_least_spread"))
+        return f" {ranks} | {sum(f['at_cap'] for f in fits)} of {len(fits)} |"
+
+    lines = ["| judge | votes | arm | draws | RM~judge (mean ± sd) | held-out accuracy | pick: mean | mean - spread, 4 heads "
+             "| 64 heads | least spread | at cap | fit s | peak GB |",
+             "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for judge_name in judges:
         for n in votes:
             for name, (fits, peak) in results.items():
                 mine = [f for f in fits if f["judge"] == judge_name and f["votes"] == n]
                 if mine:
                     lines.append(f"| {judge_name} | {n} | {name} | {len(mine)} | {spread([f['correlation'] for f in mine])} | "
-                                 f"{spread([f['accuracy'] for f in mine])} | {statistics.fmean(f['seconds'] for f in mine):.2f} | {peak:.2f} |")
+                                 f"{spread([f['accuracy'] for f in mine])} |{picks(mine)} {statistics.fmean(f['seconds'] for f in mine):.2f} | {peak:.2f} |")
     return lines
 
 

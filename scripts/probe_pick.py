@@ -20,10 +20,10 @@ the evidence's prior precision of a head (at the cap, 1e12, the votes sent it to
 
 import argparse
 import json
-import math
-import random
 import sys
 from pathlib import Path
+
+from bench_rm_votes import EVIDENCE_CAP, pick_rank, within_prompt_correlation
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,8 +35,6 @@ from store.prompt_files import read_prompt_file  # noqa: E402
 from store.reward_models import list_reward_models  # noqa: E402
 from ui.owner.project import load_project  # noqa: E402
 from ui.owner.simulate import sample_answers  # noqa: E402
-
-EVIDENCE_CAP = 1e12
 
 
 def main() -> None:
@@ -95,32 +93,13 @@ def main() -> None:
     print("\n(rank: the judge's rank of the pick among its prompt's answers, 0.5 for a random pick)")
 
 
-def groups(values: list[float], size: int) -> list[list[float]]:
-    return [values[i : i + size] for i in range(0, len(values), size)]
-
-
-def pick_rank(by: list[float], judged: list[float], size: int) -> float:
-    """The judge's mean rank of the answer `by` rates highest in each prompt (ties in `by` broken at random, a fixed
-    seed), each rank the share of the prompt's other answers the judge puts below it, ties counted half."""
-    rng, ranks = random.Random(0), []
-    for scores, judge in zip(groups(by, size), groups(judged, size)):
-        best = max(scores)
-        pick = rng.choice([i for i, s in enumerate(scores) if s == best])
-        others = [j for i, j in enumerate(judge) if i != pick]
-        ranks.append(sum(1.0 if judge[pick] > j else 0.5 if judge[pick] == j else 0.0 for j in others) / len(others))
-    return sum(ranks) / len(ranks)
-
-
 def within_correlation(xs: list[float], ys: list[float], size: int) -> float:
-    """Pearson correlation of xs and ys, each less its prompt's mean; nan where either does not vary."""
-    cx = [x - sum(g) / len(g) for g in groups(xs, size) for x in g]
-    cy = [y - sum(g) / len(g) for g in groups(ys, size) for y in g]
-    spread = math.sqrt(sum(x * x for x in cx) * sum(y * y for y in cy))
-    return sum(x * y for x, y in zip(cx, cy)) / spread if spread else float("nan")
+    return within_prompt_correlation(xs, ys, [i // size for i in range(len(xs))])
 
 
 def tie_share(judged: list[float], size: int) -> float:
-    pairs = [(a, b) for g in groups(judged, size) for i, a in enumerate(g) for b in g[i + 1 :]]
+    pairs = [(a, b) for start in range(0, len(judged), size) for i, a in enumerate(judged[start : start + size])
+             for b in judged[start + i + 1 : start + size]]
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
