@@ -4,8 +4,9 @@ user would do instead.
 On each judge and seed, simulated annotators side with the judge --agreement of the time on v0's pairs (`tether
 simulate`). The arms:
 
-    loop            the shipped defaults, in rounds of --round-votes (the README's 96): one loop to the largest of
-                    --votes, read after each round, gives every smaller point
+    loop            the shipped defaults, in rounds of --round-votes (the README's 96, 192, 576: each round twice the
+                    votes before it): one loop to the largest of --votes, read after each round, gives every smaller
+                    point
     offline-trl     the largest of --votes all cast on v0's answers, `tether export`, then TRL's DPOTrainer with a LoRA
                     on the first N of them, for each N of --votes; twice: with TRL's and PEFT's defaults (trl-defaults)
                     and with the LoRA rank, learning rate, beta and epochs of Tether's [dpo] (tether-settings). The
@@ -57,7 +58,8 @@ def main() -> None:
     parser.add_argument("--judges", default="direct,polite", help="Comma-separated judges: built-in, module:FUNC or PATH.py:FUNC (default direct,polite).")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated, of {', '.join(ARMS)} (default: all).")
     parser.add_argument("--votes", default="96,288,864", help="Vote counts to read the curve at (default 96,288,864).")
-    parser.add_argument("--round-votes", type=int, default=96, help="Votes a round in the loop (default 96, as the README recommends).")
+    parser.add_argument("--round-votes", default="96,192,576",
+                        help="Votes cast before each of the loop's rounds, the last for every round after (default 96,192,576, as the README recommends).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="One draw of every arm per seed (default 0 1).")
     parser.add_argument("--agreement", type=float, default=0.7, help="Share of votes siding with the judge on v0's pairs (default 0.7).")
     parser.add_argument("--annotators", type=int, default=3, help="Simulated annotators (default 3).")
@@ -73,12 +75,13 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     votes = sorted(int(v) for v in args.votes.split(","))
-    if any(v % args.round_votes for v in votes):
-        parser.error(f"every --votes count must be a multiple of --round-votes {args.round_votes}: the loop is read after a round")
+    totals = round_totals([int(v) for v in args.round_votes.split(",")], max(votes))
+    if missing := [v for v in votes if v not in totals]:
+        parser.error(f"--votes {', '.join(map(str, missing))}: the loop is read after a round, and its rounds end at {', '.join(map(str, totals))} votes")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
     points_file = args.points or workdir / "points.jsonl"
     done = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in read_points(points_file)}
-    bench = Bench(args, workdir, eval_file, votes)
+    bench = Bench(args, workdir, eval_file, votes, totals)
     for judge in judges:
         for seed in args.seeds:
             for arm in arms:
@@ -106,8 +109,9 @@ def main() -> None:
 class Bench:
     """The projects of one run: a loop per judge and seed, and the votes on v0 that the offline arms share."""
 
-    def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int]):
+    def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int], totals: list[int]):
         self.args, self.workdir, self.eval_file, self.votes = args, workdir, eval_file, votes
+        self.totals = totals  # the votes cast by the end of each of the loop's rounds
         self.tether = str(Path(sys.executable).parent / "tether")  # installed beside this Python by scripts/setup.sh
 
     def new_project(self, name: str, seed: int, log) -> Path:
@@ -119,11 +123,11 @@ class Bench:
         run(log, name, [self.tether, "prompts", "import", str(self.args.prompts), "--project", str(project)])
         return project
 
-    def simulate(self, log, name: str, project: Path, judge: str, seed: int, votes: int, rounds: int, report: Path,
+    def simulate(self, log, name: str, project: Path, judge: str, seed: int, votes: str, rounds: int, report: Path,
                  baseline: int | None = None) -> None:
         run(log, name, [self.tether, "simulate", *([] if baseline is None else ["--baseline", str(baseline)]),
                         "--judge", judge, "--agreement", str(self.args.agreement),
-                        "--annotators", str(self.args.annotators), "--labels-per-round", str(votes), "--rounds", str(rounds),
+                        "--annotators", str(self.args.annotators), "--labels-per-round", votes, "--rounds", str(rounds),
                         "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
                         "--report", str(report), "--project", str(project)])
 
@@ -144,7 +148,7 @@ class Bench:
                 self.new_project(name, seed, log)
                 set_up_file.write_text(f"{time.monotonic() - began:.1f}\n")
             done = len(read_points(report))
-            if done < (rounds := max(self.votes) // self.args.round_votes):
+            if done < (rounds := len(self.totals)):
                 if done:
                     print(f"{name}: going on after round {done}", flush=True)
                 began = time.monotonic()
@@ -162,7 +166,7 @@ class Bench:
         points, wall = [], float(set_up_file.read_text())
         for r in read_points(report):
             wall += r["seconds"]
-            points.append({"judge": judge, "seed": seed, "arm": "loop", "votes": r["round"] * self.args.round_votes,
+            points.append({"judge": judge, "seed": seed, "arm": "loop", "votes": self.totals[r["round"] - 1],
                            "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
                            "over_start_high": r["over_start_high"] if r["registered"] else None,
                            "stages": r["stages"], "votes_cast": r["votes"]})
@@ -180,7 +184,7 @@ class Bench:
             began = time.monotonic()
             with (self.workdir / f"{name}.log").open("w") as log:
                 project = self.new_project(name, seed, log)
-                self.simulate(log, name, project, judge, seed, max(self.votes), 0, self.workdir / f"{name}-report.jsonl")
+                self.simulate(log, name, project, judge, seed, str(max(self.votes)), 0, self.workdir / f"{name}-report.jsonl")
                 run(log, name, [self.tether, "export", "--format", "jsonl", "--include-ties", "--out", str(export), "--project", str(project)])
             timing.write_text(f"{time.monotonic() - began:.1f}\n")
         rows = sorted((json.loads(line) for line in export.read_text().splitlines() if line.strip()), key=lambda row: row["time"])
@@ -281,6 +285,14 @@ def evaluate(project_dir: Path, judge: str, adapter: Path | None, eval_file: Pat
     verdict = judge_against(load_judge(judge), prompts, [a.text for a in answers], json.loads(baseline_file.read_text()))
     return {"win_rate": verdict.win_rate, "low": verdict.low, "high": verdict.high, "pairs": verdict.pairs, "kl_to_v0": kl,
             "ended": sum(a.finished for a in answers) / len(answers), "evaluating": time.monotonic() - began}
+
+
+def round_totals(sizes: list[int], upto: int) -> list[int]:
+    """The votes cast by the end of each round, each round's `sizes` (the last repeating), to `upto` or just past it."""
+    totals = []
+    while not totals or totals[-1] < upto:
+        totals.append((totals[-1] if totals else 0) + sizes[min(len(totals), len(sizes) - 1)])
+    return totals
 
 
 def read_points(path: Path) -> list[dict]:

@@ -51,6 +51,23 @@ class TetherGroup(click.Group):
             raise click.ClickException(str(e)) from None
 
 
+class VoteCounts(click.ParamType):
+    """A comma-separated list of vote counts, each at least 1."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            counts = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of whole numbers", param, ctx)
+        if min(counts) < 1:
+            self.fail(f"every count must be at least 1, got {value!r}", param, ctx)
+        return counts
+
+
 project_option = click.option(
     "--project", "project_dir", envvar="TETHER_PROJECT", default=".", show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
@@ -267,7 +284,9 @@ def rollback(version: int, project_dir: Path):
               help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs. "
                    "When given, it overrides --agreement.")
 @click.option("--annotators", type=click.IntRange(min=1), default=3, show_default=True, help="Simulated annotators, voting in turn.")
-@click.option("--labels-per-round", type=click.IntRange(min=1), default=96, show_default=True, help="Votes cast before each round; the reward model learns little from fewer.")
+@click.option("--labels-per-round", type=VoteCounts(), default="96", show_default=True,
+              help="Votes cast before each round; the reward model learns little from fewer. A comma-separated list gives "
+                   "each round its own, the last for every round after: 96,192,576 casts each round twice the votes before it.")
 @click.option("--rounds", "round_count", type=click.IntRange(min=0), default=3, show_default=True,
               help="Rounds to run; 0 casts --labels-per-round votes on the starting policy's answers and trains nothing.")
 @click.option("--eval-prompts", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -289,7 +308,7 @@ def rollback(version: int, project_dir: Path):
               help="The policy version every round's win rate is measured over [default: the one serving when it starts]; "
                    "--baseline 0 goes on with a run that was cut off, over v0 as before.")
 @project_option
-def simulate(judge_spec: str, agreement: float, noise: float | None, annotators: int, labels_per_round: int, round_count: int,
+def simulate(judge_spec: str, agreement: float, noise: float | None, annotators: int, labels_per_round: tuple[int, ...], round_count: int,
              eval_prompts: Path, eval_samples: int | None, seed: int, optimizer: str | None, strategy: str | None, report: Path | None,
              judge_candidates: bool, baseline: int | None, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.

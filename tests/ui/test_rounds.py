@@ -203,10 +203,11 @@ def test_auto_runs_dpo_until_the_reward_model_steers_then_its_trusted_optimizer_
     # The new-against-old pairs have no votes yet: the next round has nothing new to train a reward model on.
     set_settings(tiny_project, "reward_model", trust="always")
     set_settings(tiny_project, "round", candidates=2, trusted_optimizer="ppo")  # PPO, and DPO beside it
+    set_settings(tiny_project, "ppo", uncertainty_penalty=0.5)  # a conservative reward, off by default
     second = run_tether("round", "--project", str(tiny_project))
     assert second.returncode == 0, second.stderr
     trusted = ('auto: PPO against reward model v1, which steers the loop: [reward_model] trust = "always"; '
-               "its reward is the heads' mean less 1 times their spread")
+               "its reward is the heads' mean less 0.5 times their spread")
     assert second.stdout.startswith(f"round 2: policy v2 from v1; reward model v1 reused: the votes hold nothing it did not train on; {trusted}; ")
     assert "; candidate 1 of 1 (job 7) registered as v2: predicted win rate over v1 " in second.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
@@ -221,7 +222,7 @@ def test_auto_runs_dpo_until_the_reward_model_steers_then_its_trusted_optimizer_
     assert "1 of [round] candidates = 2 trained: no resolved votes that policy v1 has not trained on" in second.stdout
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         assert con.execute("SELECT round, optimizer FROM candidates ORDER BY job").fetchall() == [(1, "dpo"), (2, "ppo")]
-    assert float(penalty) == 1.0
+    assert float(penalty) == 0.5
     history = run_tether("rounds", "--project", str(tiny_project), check=True).stdout.splitlines()
     header = history[0].split()
     assert header[:4] == ["round", "status", "policy", "ran"]
@@ -471,8 +472,8 @@ def test_simulate_votes_through_the_queue_and_reports_each_round(tiny_project, t
 
 def test_simulate_cut_off_after_a_round_goes_on_over_v0_with_each_round_on_its_own_votes(tiny_project, tmp_path):
     """scripts/bench_curve.py's loop goes on after a cut: the second run's round is round 2, measured over v0 (not over
-    v1, the version serving when it starts), and trains on as many new votes as an uncut run's, counting those the
-    first run cast at its end."""
+    v1, the version serving when it starts), and trains on as many new votes as an uncut run's, its schedule's second
+    count, counting those the first run cast at its end."""
     short_training(tiny_project)
     set_settings(tiny_project, "queue", overlap_share=0.5)
     run_tether("prompts", "import", str(DEMO_PROMPTS), "--project", str(tiny_project), check=True)
@@ -480,7 +481,7 @@ def test_simulate_cut_off_after_a_round_goes_on_over_v0_with_each_round_on_its_o
     eval_file.write_text("".join(json.dumps({"prompt": f"Say something about the number {i}."}) + "\n" for i in range(5)))
     report = tmp_path / "rounds.jsonl"
     for extra in ([], ["--baseline", "0"]):
-        result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10",
+        result = run_tether("simulate", "--judge", "concise", "--noise", "0.2", "--annotators", "2", "--labels-per-round", "10,16",
                             "--rounds", "1", "--eval-prompts", str(eval_file), "--eval-samples", "2", "--report", str(report),
                             "--optimizer", "ppo", *extra, "--project", str(tiny_project))
         assert result.returncode == 0, result.stderr
@@ -492,7 +493,7 @@ def test_simulate_cut_off_after_a_round_goes_on_over_v0_with_each_round_on_its_o
     with closing(open_database(tiny_project / "tether.duckdb")) as con:
         rounds = con.execute("SELECT status, policy_from, policy_to, comparisons_at_start FROM rounds ORDER BY id").fetchall()
         registered = con.execute("SELECT kl_to_v0 FROM candidates WHERE chosen ORDER BY round").fetchall()
-    assert rounds == [("done", 0, 1, 10), ("done", 1, 2, 20)]
+    assert rounds == [("done", 0, 1, 10), ("done", 1, 2, 26)]
     assert [f["round"] for f in figures] == [1, 2] and [(f["kl_to_v0"],) for f in figures] == registered
 
 

@@ -142,8 +142,8 @@ class RoundConfig:
     trusted_optimizer: str = field(
         default="dpo",
         metadata={"help": "With optimizer 'auto': what runs once the reward model steers. 'dpo': DPO on the votes still, as "
-                          "before; 'ppo' or 'grpo' optimise the conservative reward, the heads' mean less "
-                          "uncertainty_penalty times their spread ([ppo], [grpo]). 'dpo' because at 96 votes a round PPO "
+                          "before; 'ppo' or 'grpo' optimise the reward model's reward, the heads' mean (less "
+                          "uncertainty_penalty times their spread where it is set, [ppo], [grpo]). 'dpo' because at 96 votes a round PPO "
                           "against a steering reward model gained less over v0 a round than DPO on the votes did (+2.7 "
                           "points against +7.4, over 5 and 9 rounds) at three times the time (scripts/BENCHMARKS.md)."},
     )

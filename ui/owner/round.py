@@ -225,8 +225,8 @@ def choose_optimizer(reward_model: RewardModel, config: TetherConfig) -> tuple[s
         return "dpo", (f'{AUTO_NOTE}DPO on the votes, as [round] trusted_optimizer = "dpo", '
                        f"though reward model v{reward_model.version} {status}")
     penalty = getattr(config, chosen).uncertainty_penalty
-    return chosen, (f"{AUTO_NOTE}{chosen.upper()} against reward model v{reward_model.version}, which {status}; "
-                    f"its reward is the heads' mean less {penalty:g} times their spread")
+    reward = f"the heads' mean less {penalty:g} times their spread" if penalty else "the heads' mean"
+    return chosen, f"{AUTO_NOTE}{chosen.upper()} against reward model v{reward_model.version}, which {status}; its reward is {reward}"
 
 
 

@@ -48,7 +48,8 @@ class Simulation:
     noise: float | None = None
     agreement: float = 0.7  # the share careful human labellers agree with each other
     annotators: int = 3
-    labels_per_round: int = 96
+    # Votes cast before each round, by its number; the last for every round after it
+    labels_per_round: tuple[int, ...] = (96,)
     rounds: int = 3
     eval_samples: int | None = None  # answers per evaluation prompt from each policy; None: EVAL_PAIRS in all at the least
     seed: int = 0
@@ -62,10 +63,14 @@ class Simulation:
     def answers_per_prompt(self) -> int:
         return self.eval_samples or math.ceil(EVAL_PAIRS / len(self.eval_prompts))
 
+    def labels_before(self, number: int) -> int:
+        """The votes cast before round `number` (from 1) of the project."""
+        return self.labels_per_round[min(number, len(self.labels_per_round)) - 1]
+
 
 def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> None:
     """Run sim.rounds rounds, saying what each did; at the end the last round's pairs get votes too, and the round table
-    follows. With 0 rounds, sim.labels_per_round votes on the starting policy's answers and nothing more.
+    follows. With 0 rounds, the next round's sim.labels_per_round votes on the starting policy's answers and nothing more.
 
     On a project with rounds already it goes on from them: the votes cast since the last done round began count
     towards the next, and with sim.baseline = 0 the win rates stay over v0, so a long run cut off goes on where it stopped."""
@@ -106,7 +111,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
     for number in range(done + 1, done + sim.rounds + 1):
         seconds: Counter = Counter()
         began = time.monotonic()
-        votes = _cast(project, sim, names, rng, seconds, labels=max(sim.labels_per_round - _untrained_votes(project), 0))
+        votes = _cast(project, sim, names, rng, seconds, labels=max(sim.labels_before(number) - _untrained_votes(project), 0))
         round_ = run_round(project, optimizer=sim.optimizer, seconds=seconds)
         clock = time.monotonic()
         summary = round_summary(project.run, round_.id)
@@ -155,7 +160,7 @@ def simulate(project: Project, sim: Simulation, say: Callable[[str], None]) -> N
                 f.write(json.dumps(figures) + "\n")
     # People's verdict on the last round comes from votes on its new-against-old pairs: cast them too. With no rounds
     # the votes are the run, on the starting policy's answers, as a team collects them before it trains once.
-    votes = _cast(project, sim, names, rng, Counter(), generate_more=sim.rounds == 0)
+    votes = _cast(project, sim, names, rng, Counter(), labels=sim.labels_before(done + sim.rounds + 1), generate_more=sim.rounds == 0)
     if sim.rounds == 0:
         say(f"{votes.cast} votes on v{start.version}'s answers, {_share(votes.agreement)} of them sided with the noiseless judge")
     say("the rounds as people (the simulated annotators) saw them:")
@@ -209,11 +214,9 @@ def _untrained_votes(project: Project) -> int:
     return project.run(comparisons_made) - (done[-1].comparisons_at_start if done else 0)
 
 
-def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Random, seconds: Counter,
-          generate_more: bool = True, labels: int | None = None) -> Votes:
-    """Up to `labels` votes (sim.labels_per_round by default); when the queue runs dry the newest policy answers the
-    prompts again, unless told not to."""
-    labels = sim.labels_per_round if labels is None else labels
+def _cast(project: Project, sim: Simulation, names: list[str], rng: random.Random, seconds: Counter, labels: int,
+          generate_more: bool = True) -> Votes:
+    """Up to `labels` votes; when the queue runs dry the newest policy answers the prompts again, unless told not to."""
     began = time.monotonic()
     votes = cast_votes(project.run, project.config.queue, sim.judge, sim.noise, names, labels, rng)
     seconds["votes"] += time.monotonic() - began
