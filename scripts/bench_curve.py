@@ -48,6 +48,7 @@ from ui.owner.config import load_config, write_config  # noqa: E402  (the reposi
 
 ARMS = ("loop", "offline-trl", "offline-tether")
 TRL_SETTINGS = ("trl-defaults", "tether-settings")
+ARM_NAMES = (*ARMS, *(f"offline-trl:{setting}" for setting in TRL_SETTINGS))  # an offline-trl setting alone, too
 
 
 def main() -> None:
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--eval-count", type=int, default=48, help="Evaluation prompts (default 48).")
     parser.add_argument("--eval-samples", type=int, default=8, help="Answers to each evaluation prompt (default 8: 384 judged pairs).")
     parser.add_argument("--judges", default="direct,polite", help="Comma-separated judges: built-in, module:FUNC or PATH.py:FUNC (default direct,polite).")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated, of {', '.join(ARMS)} (default: all).")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated, of {', '.join(ARM_NAMES)} (default: the first three, all).")
     parser.add_argument("--votes", default="96,288,864", help="Vote counts to read the curve at (default 96,288,864).")
     parser.add_argument("--round-votes", default="96,192,576",
                         help="Votes cast before each of the loop's rounds, the last for every round after (default 96,192,576, as the README recommends).")
@@ -72,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
 
     arms, judges = args.arms.split(","), args.judges.split(",")
-    if unknown := set(arms) - set(ARMS):
+    if unknown := set(arms) - set(ARM_NAMES):
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     votes = sorted(int(v) for v in args.votes.split(","))
     totals = round_totals([int(v) for v in args.round_votes.split(",")], max(votes))
@@ -88,7 +89,7 @@ def main() -> None:
                 if arm == "loop":  # its report is its record, a round at a time
                     bench.loop(judge, seed)
                     continue
-                names = [arm] if arm != "offline-trl" else [f"{arm}:{setting}" for setting in TRL_SETTINGS]
+                names = [f"{arm}:{setting}" for setting in TRL_SETTINGS] if arm == "offline-trl" else [arm]
                 for name in names:
                     counts = [max(votes)] if arm == "offline-tether" else votes
                     if not (wanted := [n for n in counts if (judge, seed, name, n) not in done]):
