@@ -320,6 +320,17 @@ class RewardModelConfig:
         return [name.strip() for name in self.target_modules.split(",")]
 
 
+UNCERTAINTY_PENALTY_HELP = (  # [ppo] and [grpo] alike
+    "k in reward = mean - k * std of the reward model's heads (a conservative reward, Coste et al. "
+    "2024): a response the heads disagree on earns less. 0, the heads' mean alone: from 48 to 864 "
+    "votes siding 70% with a judge, the best of 8 answers by the mean ranked 0.56 to 0.88 by the "
+    "judge on four judges, by the mean less 1 spread of the 4 heads 0.49 to 0.73, and the least "
+    "spread alone below a random pick (0.42 to 0.47 on three of them): with few votes the spread is "
+    "narrowest on the most typical answers, not the best (scripts/BENCHMARKS.md). [round] kl_budget "
+    "holds the policy near v0 instead. The spread is in normalised units, as the reward is."
+)
+
+
 @dataclass
 class PPOConfig:
     """PPO on the policy's LoRA adapter, after InstructGPT and "The N implementation details of RLHF with PPO"."""
@@ -378,16 +389,7 @@ class PPOConfig:
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss beside the policy loss."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip on the gradient norm of each update: the policy's and the "
                                                                   "value head's, each on its own."})
-    uncertainty_penalty: float = field(
-        default=0.0,
-        metadata={"help": "k in reward = mean - k * std of the reward model's heads (a conservative reward, Coste et al. "
-                          "2024): a response the heads disagree on earns less. 0, the heads' mean alone: from 48 to 864 "
-                          "votes siding 70% with a judge, the best of 8 answers by the mean ranked 0.64 to 0.88 by the "
-                          "judge on four judges, by the mean less 1 spread of the 4 heads 0.49 to 0.73, and the least "
-                          "spread alone below a random pick (0.42 to 0.47 on three of them): with few votes the spread is "
-                          "narrowest on the most typical answers, not the best (scripts/BENCHMARKS.md). [round] kl_budget "
-                          "holds the policy near v0 instead. The spread is in normalised units, as the reward is."},
-    )
+    uncertainty_penalty: float = field(default=0.0, metadata={"help": UNCERTAINTY_PENALTY_HELP})
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
@@ -486,16 +488,7 @@ class GRPOConfig:
     )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank of a new policy adapter (a round from v0, or with [dpo] refit every DPO round); later rounds keep their adapter's."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator of a new policy adapter."})
-    uncertainty_penalty: float = field(
-        default=0.0,
-        metadata={"help": "k in reward = mean - k * std of the reward model's heads (a conservative reward, Coste et al. "
-                          "2024): a response the heads disagree on earns less. 0, the heads' mean alone: from 48 to 864 "
-                          "votes siding 70% with a judge, the best of 8 answers by the mean ranked 0.64 to 0.88 by the "
-                          "judge on four judges, by the mean less 1 spread of the 4 heads 0.49 to 0.73, and the least "
-                          "spread alone below a random pick (0.42 to 0.47 on three of them): with few votes the spread is "
-                          "narrowest on the most typical answers, not the best (scripts/BENCHMARKS.md). [round] kl_budget "
-                          "holds the policy near v0 instead. The spread is in normalised units, as the reward is."},
-    )
+    uncertainty_penalty: float = field(default=0.0, metadata={"help": UNCERTAINTY_PENALTY_HELP})
     missing_eos_penalty: float = field(
         default=1.0, metadata={"help": "Subtracted from the score of a response cut off at max_new_tokens, so the policy learns to stop."},
     )
