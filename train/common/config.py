@@ -325,7 +325,7 @@ UNCERTAINTY_PENALTY_HELP = (  # [ppo] and [grpo] alike
     "2024): a response the heads disagree on earns less. 0, the heads' mean alone: from 48 to 864 "
     "votes siding 70% with a judge, the best of 8 answers by the mean ranked 0.56 to 0.88 by the "
     "judge on four judges, by the mean less 1 spread of the 4 heads 0.49 to 0.73, and the least "
-    "spread alone below a random pick (0.42 to 0.47 on three of them): with few votes the spread is "
+    "spread alone below a random pick (0.42 to 0.47 on three of them, to 288 votes): with few votes the spread is "
     "narrowest on the most typical answers, not the best (scripts/BENCHMARKS.md). [round] kl_budget "
     "holds the policy near v0 instead. The spread is in normalised units, as the reward is."
 )
