@@ -6,7 +6,7 @@ picking one answer a prompt, the judge's rank of the pick among its prompt's ans
 worst, ties share; a random pick averages 0.5):
 
     mean          the heads' mean, the reward
-    conservative  the mean less --penalty times the heads' spread, as PPO and GRPO score
+    conservative  the mean less --penalty times the heads' spread, as PPO and GRPO score with [ppo] uncertainty_penalty
     least spread  the answer the heads agree on most
     longest / shortest
 
