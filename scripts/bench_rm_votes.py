@@ -16,9 +16,8 @@ fits a reward model on them and is scored on the held-out prompts' answers again
     accuracy   the share of held-out pairs the judge does not tie that it orders as the judge does
     pick       the judge's rank of the answer a best-of-8 pick keeps among its held-out prompt's 8 (1: the judge's
                best, 0: its worst, ties share; a random pick averages 0.5), picking by the heads' mean (the reward);
-               for a head arm also by the conservative reward PPO and GRPO optimise where uncertainty_penalty is set, the mean less one spread
-               of the heads ([ppo] uncertainty_penalty = 1), with the shipped 4 heads and with 64, and by the
-               least spread alone
+               for a head arm also by the conservative reward, the mean less one spread of the heads (PPO's and
+               GRPO's at uncertainty_penalty = 1), with the shipped 4 heads and with 64, and by the least spread
     at cap     a head arm's share of fits whose evidence sent the prior's precision to its cap (1e12): the
                votes showed it no signal, and its heads are draws of the prior
 
