@@ -190,7 +190,6 @@ HEAD_ARMS = {
 }
 ARMS = (*HEAD_ARMS, "lora", "lora-distilled", "ceiling")
 HEADS = 4  # [reward_model] heads
-EVIDENCE_CAP = 1e12  # train.reward.head.evidence_alpha's largest
 
 
 def arm_features(name: str, answers: Answers):
@@ -221,10 +220,12 @@ def head_arm(name: str, answers: Answers, scored=None, heads: int = HEADS):
     return fit
 
 
-def head_picks(fit, fit_many, votes: list[Vote], truth: list[float]) -> tuple[list[float], dict]:
-    """The held-out answers' rewards (the heads' mean) and the head arm's pick ranks and cap, as run_arm records them."""
-    scores, alpha = fit(votes)
-    many, _ = fit_many(votes)
+def head_picks(fitted, many, truth: list[float]) -> tuple[list[float], dict]:
+    """From a head arm's fit (its scores and prior precision) and the same fit with 64 heads, the held-out answers'
+    rewards (the heads' mean) and the pick ranks and cap that run_arm records."""
+    from train.reward.head import EVIDENCE_CAP
+
+    (scores, alpha), (many, _) = fitted, many
     mean, spread = scores.mean(dim=1), scores.std(dim=1)
     by = {"pick_conservative": mean - spread, "pick_conservative_64": many.mean(dim=1) - many.std(dim=1), "pick_least_spread": -spread}
     return mean.tolist(), {**{k: pick_rank(v.tolist(), truth, ANSWERS_PER_PROMPT) for k, v in by.items()}, "at_cap": alpha >= EVIDENCE_CAP}
@@ -346,8 +347,9 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
                 cast, flip = draw_votes(pairs, scores, noise, votes, random.Random(f"{args.seed}-{judge_name}-{votes}-{draw}"),
                                         args.overlap_share, 2)
                 started = time.perf_counter()
-                rewards, picks = head_picks(fit, fit_many, cast, truth) if fit_many else (fit(cast), {})
-                seconds = time.perf_counter() - started
+                fitted = fit(cast)
+                seconds = time.perf_counter() - started  # the shipped fit's alone, not the 64 heads' beside it
+                rewards, picks = head_picks(fitted, fit_many(cast), truth) if fit_many else (fitted, {})
                 print(json.dumps({"judge": judge_name, "votes": votes, "draw": draw, "flip_rate": flip, "seconds": seconds,
                                   "correlation": within_prompt_correlation(rewards, truth, groups),
                                   "accuracy": held_out_accuracy(rewards, truth, groups),

@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_rm_votes import EVIDENCE_CAP, pick_rank, within_prompt_correlation
+from bench_rm_votes import pick_rank, within_prompt_correlation
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from train.common.models import resolve_model_path
+    from train.reward.head import EVIDENCE_CAP
     from train.reward.layout import STEERING_FILE
     from train.reward.versions import load_reward_model
 

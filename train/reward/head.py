@@ -44,6 +44,7 @@ PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")
 CV_ALPHAS = torch.logspace(-2, 8, 21, dtype=torch.float64).tolist()  # prior precisions cross-validation tries
 CV_FOLDS = 5
+EVIDENCE_CAP = 1e12  # the largest prior precision the evidence may choose: there the votes showed no signal
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def map_fit(z: torch.Tensor, confidence: torch.Tensor, alpha: float, counts: tor
     return w, precision_at(w)[1]
 
 
-def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = 1e12) -> float:
+def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = EVIDENCE_CAP) -> float:
     """The prior precision that maximises the exact evidence of 1 = w . x_i + Gaussian noise for every vote, its noise
     precision fitted alongside (MacKay's updates). Capped at `largest`, where the votes show no signal at all."""
     _, singular, basis = torch.linalg.svd(x, full_matrices=False)
