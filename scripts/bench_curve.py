@@ -76,7 +76,13 @@ def main() -> None:
     if unknown := set(arms) - set(ARM_NAMES):
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     votes = sorted(int(v) for v in args.votes.split(","))
-    totals = round_totals([int(v) for v in args.round_votes.split(",")], max(votes))
+    try:
+        sizes = [int(v) for v in args.round_votes.split(",")]
+    except ValueError:
+        parser.error(f"--round-votes {args.round_votes!r}: give whole numbers, comma-separated")
+    if min(sizes) < 1:
+        parser.error(f"--round-votes {args.round_votes!r}: every round casts at least 1 vote")
+    totals = round_totals(sizes, max(votes))
     if missing := [v for v in votes if v not in totals]:
         parser.error(f"--votes {', '.join(map(str, missing))}: the loop is read after a round, and its rounds end at {', '.join(map(str, totals))} votes")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
