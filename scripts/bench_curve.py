@@ -7,6 +7,7 @@ simulate`). The arms:
     loop            the shipped defaults, in rounds of --round-votes (the README's 96, 192, 576: each round twice the
                     votes before it): one loop to the largest of --votes, read after each round, gives every smaller
                     point
+    loop:VARIANT    the same with one design choice changed (LOOP_VARIANTS), to judge a change to the loop on the curve
     offline-trl     the largest of --votes all cast on v0's answers, `tether export`, then TRL's DPOTrainer with a LoRA
                     on the first N of them, for each N of --votes; twice: with TRL's and PEFT's defaults (trl-defaults)
                     and with the LoRA rank, learning rate, beta and epochs of Tether's [dpo] (tether-settings). The
@@ -29,6 +30,7 @@ Run with nothing else on the machine: two torch processes on a few cores slow ea
 """
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -48,7 +50,11 @@ from ui.owner.config import load_config, write_config  # noqa: E402  (the reposi
 
 ARMS = ("loop", "offline-trl", "offline-tether")
 TRL_SETTINGS = ("trl-defaults", "tether-settings")
-ARM_NAMES = (*ARMS, *(f"offline-trl:{setting}" for setting in TRL_SETTINGS))  # an offline-trl setting alone, too
+# A loop with one design choice off its shipped default, as {section: {setting: value}} of tether.toml.
+LOOP_VARIANTS = {
+    "random-pairs": {"queue": {"strategy": "random"}},  # against the shipped 'active' choice of pairs by the heads' disagreement
+}
+ARM_NAMES = (*ARMS, *(f"offline-trl:{setting}" for setting in TRL_SETTINGS), *(f"loop:{variant}" for variant in LOOP_VARIANTS))
 
 
 def main() -> None:
@@ -92,8 +98,8 @@ def main() -> None:
     for judge in judges:
         for seed in args.seeds:
             for arm in arms:
-                if arm == "loop":  # its report is its record, a round at a time
-                    bench.loop(judge, seed)
+                if arm.split(":")[0] == "loop":  # its report is its record, a round at a time
+                    bench.loop(judge, seed, arm)
                     continue
                 names = [f"{arm}:{setting}" for setting in TRL_SETTINGS] if arm == "offline-trl" else [arm]
                 for name in names:
@@ -107,7 +113,8 @@ def main() -> None:
                         with points_file.open("a", encoding="utf-8") as f:
                             f.write(json.dumps({"judge": judge, "seed": seed, "arm": name, **point}) + "\n")
                         print(f"{judge} seed {seed} {name} at {n} votes: {point['win_rate']:.1%} in {time.monotonic() - began:.0f} s", flush=True)
-    points = read_points(points_file) + [p for judge in judges for seed in args.seeds for p in bench.loop_points(judge, seed)]
+    loops = [arm for arm in arms if arm.split(":")[0] == "loop"]
+    points = read_points(points_file) + [p for judge in judges for seed in args.seeds for arm in loops for p in bench.loop_points(judge, seed, arm)]
     print_table(points, votes)
     if args.plot:
         plot(points, votes, args.plot)
@@ -121,12 +128,15 @@ class Bench:
         self.totals = totals  # the votes cast by the end of each of the loop's rounds
         self.tether = str(Path(sys.executable).parent / "tether")  # installed beside this Python by scripts/setup.sh
 
-    def new_project(self, name: str, seed: int, log) -> Path:
+    def new_project(self, name: str, seed: int, log, variant: dict[str, dict] | None = None) -> Path:
         project = self.workdir / name
         if project.exists():  # an arm cut off before it ended: it starts again
             shutil.rmtree(project)
         run(log, name, [self.tether, "init", str(project), "--model", self.args.model])
-        write_config(project / "tether.toml", seeded(load_config(project / "tether.toml"), seed))
+        config = seeded(load_config(project / "tether.toml"), seed)
+        for section, settings in (variant or {}).items():
+            config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **settings)})
+        write_config(project / "tether.toml", config)
         run(log, name, [self.tether, "prompts", "import", str(self.args.prompts), "--project", str(project)])
         return project
 
@@ -138,21 +148,21 @@ class Bench:
                         "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
                         "--report", str(report), "--project", str(project)])
 
-    def loop_files(self, judge: str, seed: int) -> tuple[str, Path, Path]:
+    def loop_files(self, judge: str, seed: int, arm: str) -> tuple[str, Path, Path]:
         """A loop's name, its report (a line a round) and the file holding its set-up's seconds."""
-        name = f"{stem(judge)}-loop-seed{seed}"
+        name = f"{stem(judge)}-{arm.replace(':', '-')}-seed{seed}"
         return name, self.workdir / f"{name}.jsonl", self.workdir / f"{name}-set-up.txt"
 
-    def loop(self, judge: str, seed: int) -> None:
+    def loop(self, judge: str, seed: int, arm: str) -> None:
         """One loop to the largest of --votes. A loop cut off goes on from its last done round (`tether simulate
         --baseline 0` on the same project), its rounds' figures appended to the same report as each ends."""
-        name, report, set_up_file = self.loop_files(judge, seed)
+        name, report, set_up_file = self.loop_files(judge, seed, arm)
         project = self.workdir / name
         with (self.workdir / f"{name}.log").open("a") as log:
             if not set_up_file.exists():
                 report.unlink(missing_ok=True)
                 began = time.monotonic()
-                self.new_project(name, seed, log)
+                self.new_project(name, seed, log, LOOP_VARIANTS.get(arm.partition(":")[2]))
                 set_up_file.write_text(f"{time.monotonic() - began:.1f}\n")
             done = len(read_points(report))
             if done < (rounds := len(self.totals)):
@@ -160,20 +170,20 @@ class Bench:
                     print(f"{name}: going on after round {done}", flush=True)
                 began = time.monotonic()
                 self.simulate(log, name, project, judge, seed, self.args.round_votes, rounds - done, report, baseline=0)
-                print(f"{judge} seed {seed} loop: {rounds - done} rounds in {time.monotonic() - began:.0f} s, with v0's evaluation "
+                print(f"{judge} seed {seed} {arm}: {rounds - done} rounds in {time.monotonic() - began:.0f} s, with v0's evaluation "
                       "and the last round's votes", flush=True)
             else:
-                print(f"{judge} seed {seed} loop: its {done} rounds in {report} already", flush=True)
+                print(f"{judge} seed {seed} {arm}: its {done} rounds in {report} already", flush=True)
 
-    def loop_points(self, judge: str, seed: int) -> list[dict]:
+    def loop_points(self, judge: str, seed: int, arm: str) -> list[dict]:
         """A loop's points, one a round done so far, each with the wall time since the loop began."""
-        _, report, set_up_file = self.loop_files(judge, seed)
+        _, report, set_up_file = self.loop_files(judge, seed, arm)
         if not set_up_file.exists():
             return []
         points, wall = [], float(set_up_file.read_text())
         for r in read_points(report):
             wall += r["seconds"]
-            points.append({"judge": judge, "seed": seed, "arm": "loop", "votes": self.totals[r["round"] - 1],
+            points.append({"judge": judge, "seed": seed, "arm": arm, "votes": self.totals[r["round"] - 1],
                            "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
                            "over_start_high": r["over_start_high"] if r["registered"] else None,
                            "stages": r["stages"], "votes_cast": r["votes"]})
@@ -339,8 +349,8 @@ def print_table(points: list[dict], votes: list[int]) -> None:
             ended = ", ".join(f"{p['ended']:.0%}" for p in seeds)
             wall = ", ".join(f"{p['seconds']:.0f}" for p in seeds)
             print(f"| {judge} | {arm} | {n} | {statistics.mean(rates):.1%} | {min(rates):.1%} | {each} | {kl} | {ended} | {wall} |")
-    below = [f"{p['judge']} seed {p['seed']} at {p['votes']} votes (v{p['served']})" for p in points
-             if p["arm"] == "loop" and p.get("over_start_high") is not None and p["over_start_high"] < 0.5]
+    below = [f"{p['judge']} {p['arm']} seed {p['seed']} at {p['votes']} votes (v{p['served']})" for p in points
+             if p["arm"].split(":")[0] == "loop" and p.get("over_start_high") is not None and p["over_start_high"] < 0.5]
     print(f"loop versions served whose win rate over their start lies wholly below 50%: {', '.join(below) or 'none'}")
 
 
@@ -357,7 +367,8 @@ def plot(points: list[dict], votes: list[int], path: Path) -> None:
     judges = sorted({judge for judge, _ in table})
     figure, axes = plt.subplots(1, len(judges), figsize=(5 * len(judges), 4), squeeze=False, sharey=True)
     for ax, judge in zip(axes[0], judges):
-        for arm in (a for a in ("loop", "offline-trl", "offline-tether") if (judge, a) in table):
+        # The loops, offline-tether and offline-trl by its anchor (its settings apart are in the table)
+        for arm in sorted(a for j, a in table if j == judge and (":" not in a or a.startswith("loop:"))):
             counts = sorted(table[(judge, arm)])  # the loop's after every round
             means = [statistics.mean(p["win_rate"] for p in table[(judge, arm)][n]) for n in counts]
             lows = [min(p["low"] for p in table[(judge, arm)][n]) for n in counts]
