@@ -1,9 +1,9 @@
 """Benchmark: how far a round's votes are worth moving the policy. Each version of a loop's project, its step from v0
-cut to --shares of it (its LoRA update scaled, as [round] kl_budget's pull-back cuts it), judged against v0.
+scaled to --shares of it (its LoRA update scaled, as [round] kl_budget's pull-back cuts it), judged against v0.
 
-A share of 1 is the version as the loop served it, the baseline each cut is read against: if a cut keeps the full
+A share of 1 is the version as the loop served it, the baseline each share is read against: if a cut keeps the full
 step's win rate at a fraction of its KL, a round on that many votes may move the policy less and lose nothing, and a
-draw that pulled the wrong way costs less. Each point on --eval-count prompts, --eval-samples answers each, with the
+draw that pulled the wrong way costs less; if a longer step (a share above 1) wins more, the round stopped short. Each point on --eval-count prompts, --eval-samples answers each, with the
 loop's evaluation seed, so v0's answers are the loop's (kept in the work directory, as bench_curve.py keeps them).
 
 Run with nothing else on the machine, and not on a project a loop still runs on (DuckDB lets one process open it).
@@ -38,11 +38,11 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=8, help="Answers to each evaluation prompt (default 8: 384 judged pairs).")
     parser.add_argument("--seed", type=int, default=0, help="The evaluation's seed (default 0, as the loop's).")
     parser.add_argument("--versions", type=int, nargs="*", help="Policy versions (default: every one after v0).")
-    parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 0.7, 1.0], help="Shares of each step from v0 (default 0.5 0.7 1.0).")
+    parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="Shares of each step from v0 (default 0.5 1 2).")
     parser.add_argument("--workdir", type=Path, help="Where the cut adapters, v0's answers and points.jsonl go (default: a new temporary directory).")
     args = parser.parse_args()
-    if any(not 0 < share <= 1 for share in args.shares):
-        parser.error("--shares: each above 0 and at most 1")
+    if any(share <= 0 for share in args.shares):
+        parser.error("--shares: each above 0")
 
     project = load_project(args.project)
     versions = args.versions or [v for v in project.run(policy_versions) if v > 0]
