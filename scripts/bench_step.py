@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--eval-count", type=int, default=48, help="Evaluation prompts (default 48).")
     parser.add_argument("--eval-samples", type=int, default=8, help="Answers to each evaluation prompt (default 8: 384 judged pairs).")
     parser.add_argument("--seed", type=int, default=0, help="The evaluation's seed (default 0, as the loop's).")
-    parser.add_argument("--versions", type=int, nargs="*", help="Policy versions (default: every one after v0).")
+    parser.add_argument("--versions", type=int, nargs="*", help="Policy versions (default: every one with a step from v0).")
     parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="Shares of each step from v0 (default 0.5 1 2).")
     parser.add_argument("--workdir", type=Path, help="Where the cut adapters, v0's answers and points.jsonl go (default: a new temporary directory).")
     args = parser.parse_args()
@@ -45,7 +45,10 @@ def main() -> None:
         parser.error("--shares: each above 0")
 
     project = load_project(args.project)
-    versions = args.versions or [v for v in project.run(policy_versions) if v > 0]
+    stepped = [v for v in project.run(policy_versions) if project.run(get_policy, v).adapter_path]  # not v0, nor a copy of it
+    versions = args.versions or stepped
+    if stray := set(versions) - set(stepped):
+        parser.error(f"--versions {', '.join(map(str, sorted(stray)))}: no step from v0 to scale (v0, a copy of it, or none)")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-step-")
     points_file = workdir / f"step-{args.project.name}.jsonl"
     votes = project.run(votes_before)
