@@ -18,8 +18,8 @@ simulate`). The arms:
 Every point is judged on --eval-count prompts, --eval-samples answers each (384 pairs by default), against v0's
 answers to them, with the same seed in every arm; beside it the KL to v0 on those answers, the share that ended and
 the wall time. An offline arm's points are appended to WORKDIR/points.jsonl (or --points) as each ends, a loop's to its report as
-each round ends: run again with the same --workdir and what is there already is skipped, so a long run goes on later
-from where it stopped (a loop from its last done round). Then a table, by judge, arm and vote count, of the mean over
+each round ends (and to the points file when the run ends): run again with the same --workdir and what is there
+already is skipped, so a long run goes on later from where it stopped (a loop from its last done round). Then a table, by judge, arm and vote count, of the mean over
 seeds, the worst seed and each seed's figures (a loop cut off short counts with the rounds it has), and with --plot a
 PNG of the curves.
 
@@ -99,7 +99,10 @@ def main() -> None:
         for seed in args.seeds:
             for arm in arms:
                 if arm.split(":")[0] == "loop":  # its report is its record, a round at a time
-                    bench.loop(judge, seed, arm)
+                    if all((judge, seed, arm, n) in done for n in totals):
+                        print(f"{judge} seed {seed} {arm}: in {points_file} already", flush=True)
+                    else:
+                        bench.loop(judge, seed, arm)
                     continue
                 names = [f"{arm}:{setting}" for setting in TRL_SETTINGS] if arm == "offline-trl" else [arm]
                 for name in names:
@@ -114,7 +117,13 @@ def main() -> None:
                             f.write(json.dumps({"judge": judge, "seed": seed, "arm": name, **point}) + "\n")
                         print(f"{judge} seed {seed} {name} at {n} votes: {point['win_rate']:.1%} in {time.monotonic() - began:.0f} s", flush=True)
     loops = [arm for arm in arms if arm.split(":")[0] == "loop"]
-    points = read_points(points_file) + [p for judge in judges for seed in args.seeds for arm in loops for p in bench.loop_points(judge, seed, arm)]
+    points = read_points(points_file)
+    recorded = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in points}
+    new = [p for judge in judges for seed in args.seeds for arm in loops for p in bench.loop_points(judge, seed, arm)
+           if (judge, seed, arm, p["votes"]) not in recorded]
+    with points_file.open("a", encoding="utf-8") as f:  # the loops' rounds too, so the file alone holds the curve
+        f.writelines(json.dumps(p) + "\n" for p in new)
+    points += new
     print_table(points, votes)
     if args.plot:
         plot(points, votes, args.plot)
