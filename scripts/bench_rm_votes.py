@@ -26,8 +26,7 @@ arm's peak resident memory (each arm runs in its own process, the cached feature
 
 The arms: `head` (Tether's default: layers 0, 0.2, 0.4, 0.6 of the depth averaged over the answer,
 the prior by the evidence, Laplace draws, the flip rate in the likelihood), and beside it
-`head-plain` (every label taken as certain), `head-cv` (the prior by cross-validation), `head-subspace`
-(w held to the answers' leading principal components, their number by the evidence),
+`head-plain` (every label taken as certain), `head-cv` (the prior by cross-validation),
 `head-bootstrap` (heads fitted to resamplings), `head-last-layer` (the last layer alone) and
 `head-last-token` (the last layer at the closing EOS, where a LoRA reward model reads); `lora` (the
 LoRA reward model with its defaults) and `lora-distilled` (the same, fitted to the votes and as many
@@ -185,7 +184,6 @@ HEAD_ARMS = {
     "head": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "laplace", True),
     "head-plain": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "laplace", False),
     "head-cv": ((0, 0.2, 0.4, 0.6), "mean", "cv", "laplace", True),
-    "head-subspace": ((0, 0.2, 0.4, 0.6), "mean", "subspace", "laplace", True),
     "head-bootstrap": ((0, 0.2, 0.4, 0.6), "mean", "evidence", "bootstrap", True),
     "head-last-layer": ((1,), "mean", "evidence", "laplace", True),
     "head-last-token": ((1,), "last", "evidence", "laplace", True),

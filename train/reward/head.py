@@ -9,11 +9,8 @@ The prior is w ~ N(0, I / alpha) on standardised features. The fit, in the order
    in that span's r <= N dimensions (the thin SVD of the differences);
 3. alpha, the prior's strength: by the evidence (MacKay 1992) of the votes' linearised model, where
    2c - 1 is a vote's expected sign and w . d its mean with Gaussian noise, exact and in closed form,
-   taken to the Bradley-Terry scale (sigmoid is linear near 0, with slope 1/4); or ("subspace") the same
-   with w held to the leading principal components of the voted answers, as many as the evidence of
-   each count prefers, so a few votes can show a signal in a few directions that the Occam factor of
-   every dimension would hide; or ("cv") the alpha of a grid with the best held-out likelihood over
-   folds of the prompts;
+   taken to the Bradley-Terry scale (sigmoid is linear near 0, with slope 1/4); or ("cv") the alpha of
+   a grid with the best held-out likelihood over folds of the prompts;
 4. posterior: the MAP w by Fisher scoring, and Laplace's covariance, (J' S J + alpha I)^-1 within the
    span, S each vote's Fisher information, and I / alpha outside it;
 5. heads: K draws of w, in antithetic pairs (w* +- d), so that the heads' mean is the MAP head and
@@ -43,7 +40,7 @@ from train.reward.scores import Normalization, PairwiseResult, RewardModel, norm
 from train.reward.votes import label_noise_loss
 from train.runtime import distributed
 
-PRIORS = ("evidence", "subspace", "cv")
+PRIORS = ("evidence", "cv")
 POSTERIORS = ("laplace", "bootstrap")
 CV_ALPHAS = torch.logspace(-2, 8, 21, dtype=torch.float64).tolist()  # prior precisions cross-validation tries
 CV_FOLDS = 5
@@ -103,10 +100,9 @@ def map_fit(z: torch.Tensor, confidence: torch.Tensor, alpha: float, counts: tor
     return w, precision_at(w)[1]
 
 
-def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = EVIDENCE_CAP) -> tuple[float, float]:
+def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = EVIDENCE_CAP) -> float:
     """The prior precision that maximises the exact evidence of 1 = w . x_i + Gaussian noise for every vote, its noise
-    precision fitted alongside (MacKay's updates), and the log evidence there. Capped at `largest`, where the votes
-    show no signal at all."""
+    precision fitted alongside (MacKay's updates). Capped at `largest`, where the votes show no signal at all."""
     _, singular, basis = torch.linalg.svd(x, full_matrices=False)
     squares, projected = singular**2, singular * (x @ basis.T).sum(dim=0) / singular.clamp(min=1e-300)  # (r,) S U' 1
     alpha, beta = 1.0, 1.0
@@ -120,34 +116,7 @@ def evidence_alpha(x: torch.Tensor, iterations: int = 500, largest: float = EVID
         alpha, beta = new_alpha, new_beta
         if converged:
             break
-    mean = beta * projected / (beta * squares + alpha)
-    misfit = float(((1 - x @ basis.T @ mean) ** 2).sum())
-    votes = x.shape[0]  # the directions w has outside x's span add as much to the prior's term as to the posterior's: none
-    log_evidence = 0.5 * (len(squares) * math.log(alpha) + votes * math.log(beta) - beta * misfit - alpha * float(mean @ mean)
-                          - float(torch.log(alpha + beta * squares).sum()) - votes * math.log(2 * math.pi))
-    return alpha, log_evidence
-
-
-def span(differences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The votes' differences (N, D) in their span's orthonormal basis (r, D): (N, r) and the basis."""
-    _, singular, basis = torch.linalg.svd(differences, full_matrices=False)
-    basis = basis[singular > singular[0] * 1e-9]
-    return differences @ basis.T, basis
-
-
-def leading_subspace(differences: torch.Tensor, answers: torch.Tensor, sign: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
-    """Of w held to the first k principal components of the standardised answers (k = 1, 2, 4, ... and all of them), the
-    k whose linearised model has the most evidence: the votes' differences in their span there (N, r), its basis (r, D),
-    the prior precision, and the components (k, D), None where all of them (w is then free, as with "evidence").
-    `sign` (N,) is each vote's expected sign less its margin, (2c - 1) / 2."""
-    _, _, components = torch.linalg.svd(answers - answers.mean(dim=0), full_matrices=False)  # (min(2N, D), D) by variance
-    best = None
-    for k in [*(2**i for i in range(int(math.log2(len(components))) + 1) if 2**i < len(components)), len(components)]:
-        z, basis = span(differences @ components[:k].T)
-        alpha, log_evidence = evidence_alpha(z * sign[:, None])
-        if best is None or log_evidence > best[0]:
-            best = log_evidence, z, basis @ components[:k], alpha, components[:k] if k < len(components) else None
-    return best[1:]
+    return alpha
 
 
 def cv_alpha(z: torch.Tensor, confidence: torch.Tensor, groups: list[int]) -> float:
@@ -173,14 +142,15 @@ def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, confidence: torch.Ten
     answers = torch.cat([chosen, rejected])
     mean, std = answers.mean(dim=0), answers.std(dim=0).clamp(min=1e-6)
     differences = (chosen - rejected) / std  # (N, D) standardised
-    # Linearised: a vote's expected sign is (2c - 1)(2 sigmoid(m) - 1), about (2c - 1) m / 2 near m = 0.
-    sign = (2 * confidence - 1) / 2
-    components = None  # where w may go: every direction, or the leading components "subspace" chose
-    if prior == "subspace":
-        z, basis, alpha, components = leading_subspace(differences, (answers - mean) / std, sign)
+    _, singular, basis = torch.linalg.svd(differences, full_matrices=False)
+    keep = singular > singular[0] * 1e-9
+    singular, basis = singular[keep], basis[keep]  # (r,), (r, D): the span of the differences
+    z = differences @ basis.T  # (N, r)
+    if prior == "evidence":
+        # Linearised: a vote's expected sign is (2c - 1)(2 sigmoid(m) - 1), about (2c - 1) m / 2 near m = 0.
+        alpha = evidence_alpha(z * ((2 * confidence - 1) / 2)[:, None])
     else:
-        z, basis = span(differences)  # (N, r), (r, D): the span of the differences
-        alpha = evidence_alpha(z * sign[:, None])[0] if prior == "evidence" else cv_alpha(z, confidence, groups)
+        alpha = cv_alpha(z, confidence, groups)
     w, precision = map_fit(z, confidence, alpha)
     generator = torch.Generator().manual_seed(seed)
     if heads == 1:
@@ -188,8 +158,7 @@ def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, confidence: torch.Ten
     elif posterior == "laplace":
         half = (heads + 1) // 2
         factor = torch.linalg.cholesky(torch.linalg.inv(precision))  # (r, r): the covariance within the span
-        noise = torch.randn(half, differences.shape[1] if components is None else len(components), dtype=torch.float64, generator=generator)
-        noise = noise if components is None else noise @ components  # (half, D)
+        noise = torch.randn(half, differences.shape[1], dtype=torch.float64, generator=generator)  # (half, D)
         outside = (noise - (noise @ basis.T) @ basis) / math.sqrt(alpha)  # the prior's part, outside the span
         within = torch.randn(half, z.shape[1], dtype=torch.float64, generator=generator) @ factor.T @ basis
         draws = torch.cat([w @ basis + within + outside, w @ basis - within - outside])[:heads]
