@@ -98,7 +98,7 @@ def main() -> None:
     for judge in judges:
         for seed in args.seeds:
             for arm in arms:
-                if arm.split(":")[0] == "loop":  # its report is its record, a round at a time
+                if is_loop(arm):  # its report is its record, a round at a time
                     if all((judge, seed, arm, n) in done for n in totals):
                         print(f"{judge} seed {seed} {arm}: in {points_file} already", flush=True)
                     else:
@@ -116,7 +116,7 @@ def main() -> None:
                         with points_file.open("a", encoding="utf-8") as f:
                             f.write(json.dumps({"judge": judge, "seed": seed, "arm": name, **point}) + "\n")
                         print(f"{judge} seed {seed} {name} at {n} votes: {point['win_rate']:.1%} in {time.monotonic() - began:.0f} s", flush=True)
-    loops = [arm for arm in arms if arm.split(":")[0] == "loop"]
+    loops = [arm for arm in arms if is_loop(arm)]
     points = read_points(points_file)
     recorded = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in points}
     new = [p for judge in judges for seed in args.seeds for arm in loops for p in bench.loop_points(judge, seed, arm)
@@ -321,6 +321,10 @@ def round_totals(sizes: list[int], upto: int) -> list[int]:
     return totals
 
 
+def is_loop(arm: str) -> bool:
+    return arm.split(":")[0] == "loop"  # the shipped loop or a variant of it
+
+
 def read_points(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -359,7 +363,7 @@ def print_table(points: list[dict], votes: list[int]) -> None:
             wall = ", ".join(f"{p['seconds']:.0f}" for p in seeds)
             print(f"| {judge} | {arm} | {n} | {statistics.mean(rates):.1%} | {min(rates):.1%} | {each} | {kl} | {ended} | {wall} |")
     below = [f"{p['judge']} {p['arm']} seed {p['seed']} at {p['votes']} votes (v{p['served']})" for p in points
-             if p["arm"].split(":")[0] == "loop" and p.get("over_start_high") is not None and p["over_start_high"] < 0.5]
+             if is_loop(p["arm"]) and p.get("over_start_high") is not None and p["over_start_high"] < 0.5]
     print(f"loop versions served whose win rate over their start lies wholly below 50%: {', '.join(below) or 'none'}")
 
 
@@ -377,7 +381,7 @@ def plot(points: list[dict], votes: list[int], path: Path) -> None:
     figure, axes = plt.subplots(1, len(judges), figsize=(5 * len(judges), 4), squeeze=False, sharey=True)
     for ax, judge in zip(axes[0], judges):
         # The loops, offline-tether and offline-trl by its anchor (its settings apart are in the table)
-        for arm in sorted(a for j, a in table if j == judge and (":" not in a or a.startswith("loop:"))):
+        for arm in sorted(a for j, a in table if j == judge and (":" not in a or is_loop(a))):
             counts = sorted(table[(judge, arm)])  # the loop's after every round
             means = [statistics.mean(p["win_rate"] for p in table[(judge, arm)][n]) for n in counts]
             lows = [min(p["low"] for p in table[(judge, arm)][n]) for n in counts]

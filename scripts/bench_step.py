@@ -45,9 +45,9 @@ def main() -> None:
         parser.error("--shares: each above 0")
 
     project = load_project(args.project)
-    stepped = [v for v in project.run(policy_versions) if project.run(get_policy, v).adapter_path]  # not v0, nor a copy of it
-    versions = args.versions or stepped
-    if stray := set(versions) - set(stepped):
+    steps = {v: path for v in project.run(policy_versions) if (path := project.run(get_policy, v).adapter_path)}  # not v0, nor a copy of it
+    versions = args.versions or list(steps)
+    if stray := set(versions) - set(steps):
         parser.error(f"--versions {', '.join(map(str, sorted(stray)))}: no step from v0 to scale (v0, a copy of it, or none)")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-step-")
     points_file = workdir / f"step-{args.project.name}.jsonl"
@@ -55,7 +55,7 @@ def main() -> None:
     print("\n| version | votes it trained on | share of its step | win rate over v0 [95% CI] | KL to v0 | ended | s |")
     print("|---" * 7 + "|", flush=True)
     for version in versions:
-        adapter = project.root / project.run(get_policy, version).adapter_path
+        adapter = project.root / steps[version]
         for share in sorted(args.shares):
             began = time.monotonic()
             cut = workdir / f"step-{args.project.name}-v{version}-{share:g}"
@@ -73,6 +73,7 @@ def main() -> None:
 def votes_before(con) -> dict[int, int]:
     """Each version's votes: those cast before the round that trained it began."""
     return dict(con.execute("SELECT p.version, r.comparisons_at_start FROM policies p JOIN rounds r ON r.id = p.round").fetchall())
+
 
 if __name__ == "__main__":
     main()
