@@ -7,7 +7,8 @@ simulate`). The arms:
     loop            the shipped defaults, in rounds of --round-votes (the README's 96, 192, 576: each round twice the
                     votes before it): one loop to the largest of --votes, read after each round, gives every smaller
                     point
-    loop:VARIANT    the same with one design choice changed (LOOP_VARIANTS), to judge a change to the loop on the curve
+    loop:VARIANT    the same with one design choice changed (LOOP_VARIANTS), to judge a change to the loop on the curve;
+                    a loop in rounds other than the README's is its own arm too, named with them (loop@96,96,96,576)
     offline-trl     the largest of --votes all cast on v0's answers, `tether export`, then TRL's DPOTrainer with a LoRA
                     on the first N of them, for each N of --votes; twice: with TRL's and PEFT's defaults (trl-defaults)
                     and with the LoRA rank, learning rate, beta and epochs of Tether's [dpo] (tether-settings). The
@@ -50,6 +51,7 @@ from ui.owner.config import load_config, write_config  # noqa: E402  (the reposi
 
 ARMS = ("loop", "offline-trl", "offline-tether")
 TRL_SETTINGS = ("trl-defaults", "tether-settings")
+README_ROUND_VOTES = "96,192,576"
 # A loop with one design choice off its shipped default, as {section: {setting: value}} of tether.toml.
 LOOP_VARIANTS = {
     "random-pairs": {"queue": {"strategy": "random"}},  # against the shipped 'active' choice of pairs by the heads' disagreement
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument("--judges", default="direct,polite", help="Comma-separated judges: built-in, module:FUNC or PATH.py:FUNC (default direct,polite).")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated, of {', '.join(ARM_NAMES)} (default: the first three, all).")
     parser.add_argument("--votes", default="96,288,864", help="Vote counts to read the curve at (default 96,288,864).")
-    parser.add_argument("--round-votes", default="96,192,576",
+    parser.add_argument("--round-votes", default=README_ROUND_VOTES,
                         help="Votes cast before each of the loop's rounds, the last for every round after (default 96,192,576, as the README recommends).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="One draw of every arm per seed (default 0 1).")
     parser.add_argument("--agreement", type=float, default=0.7, help="Share of votes siding with the judge on v0's pairs (default 0.7).")
@@ -88,18 +90,19 @@ def main() -> None:
         parser.error(f"--round-votes {args.round_votes!r}: give whole numbers, comma-separated")
     if min(sizes) < 1:
         parser.error(f"--round-votes {args.round_votes!r}: every round casts at least 1 vote")
+    schedule = ",".join(map(str, sizes))
     totals = round_totals(sizes, max(votes))
     if missing := [v for v in votes if v not in totals]:
         parser.error(f"--votes {', '.join(map(str, missing))}: the loop is read after a round, and its rounds end at {', '.join(map(str, totals))} votes")
     workdir, eval_file, _ = loop_setup(parser, args, "tether-bench-curve-")
     points_file = args.points or workdir / "points.jsonl"
     done = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in read_points(points_file)}
-    bench = Bench(args, workdir, eval_file, votes, totals)
+    bench = Bench(args, workdir, eval_file, votes, totals, schedule)
     for judge in judges:
         for seed in args.seeds:
             for arm in arms:
                 if is_loop(arm):  # its report is its record, a round at a time
-                    if all((judge, seed, arm, n) in done for n in totals):
+                    if all((judge, seed, bench.loop_arm(arm), n) in done for n in totals):
                         print(f"{judge} seed {seed} {arm}: in {points_file} already", flush=True)
                     else:
                         bench.loop(judge, seed, arm)
@@ -120,7 +123,7 @@ def main() -> None:
     points = read_points(points_file)
     recorded = {(p["judge"], p["seed"], p["arm"], p["votes"]) for p in points}
     new = [p for judge in judges for seed in args.seeds for arm in loops for p in bench.loop_points(judge, seed, arm)
-           if (judge, seed, arm, p["votes"]) not in recorded]
+           if (judge, seed, p["arm"], p["votes"]) not in recorded]
     with points_file.open("a", encoding="utf-8") as f:  # the loops' rounds too, so the file alone holds the curve
         f.writelines(json.dumps(p) + "\n" for p in new)
     points += new
@@ -132,9 +135,10 @@ def main() -> None:
 class Bench:
     """The projects of one run: a loop per judge and seed, and the votes on v0 that the offline arms share."""
 
-    def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int], totals: list[int]):
+    def __init__(self, args: argparse.Namespace, workdir: Path, eval_file: Path, votes: list[int], totals: list[int], schedule: str):
         self.args, self.workdir, self.eval_file, self.votes = args, workdir, eval_file, votes
         self.totals = totals  # the votes cast by the end of each of the loop's rounds
+        self.schedule = schedule  # --round-votes, normalised
         self.tether = str(Path(sys.executable).parent / "tether")  # installed beside this Python by scripts/setup.sh
 
     def new_project(self, name: str, seed: int, log, variant: dict[str, dict] | None = None) -> Path:
@@ -157,9 +161,13 @@ class Bench:
                         "--seed", str(seed), "--eval-prompts", str(self.eval_file), "--eval-samples", str(self.args.eval_samples),
                         "--report", str(report), "--project", str(project)])
 
+    def loop_arm(self, arm: str) -> str:
+        """A loop arm's name in the points: with its rounds where they are not the README's."""
+        return arm if self.schedule == README_ROUND_VOTES else f"{arm}@{self.schedule}"
+
     def loop_files(self, judge: str, seed: int, arm: str) -> tuple[str, Path, Path]:
         """A loop's name, its report (a line a round) and the file holding its set-up's seconds."""
-        name = f"{stem(judge)}-{arm.replace(':', '-')}-seed{seed}"
+        name = f"{stem(judge)}-{self.loop_arm(arm).replace(':', '-').replace('@', '-rounds-').replace(',', '-')}-seed{seed}"
         return name, self.workdir / f"{name}.jsonl", self.workdir / f"{name}-set-up.txt"
 
     def loop(self, judge: str, seed: int, arm: str) -> None:
@@ -192,7 +200,7 @@ class Bench:
         points, wall = [], float(set_up_file.read_text())
         for r in read_points(report):
             wall += r["seconds"]
-            points.append({"judge": judge, "seed": seed, "arm": arm, "votes": self.totals[r["round"] - 1],
+            points.append({"judge": judge, "seed": seed, "arm": self.loop_arm(arm), "votes": self.totals[r["round"] - 1],
                            "win_rate": r["win_rate"], "low": r["low"], "high": r["high"], "pairs": r["pairs"], "kl_to_v0": r["kl_to_v0"], "ended": r["ended"], "seconds": wall, "served": r["policy"],
                            "over_start_high": r["over_start_high"] if r["registered"] else None,
                            "stages": r["stages"], "votes_cast": r["votes"]})
@@ -322,7 +330,7 @@ def round_totals(sizes: list[int], upto: int) -> list[int]:
 
 
 def is_loop(arm: str) -> bool:
-    return arm.split(":")[0] == "loop"  # the shipped loop or a variant of it
+    return arm.partition("@")[0].partition(":")[0] == "loop"  # the shipped loop or a variant of it, in any rounds
 
 
 def read_points(path: Path) -> list[dict]:
