@@ -67,6 +67,11 @@ def comparisons_made(con: Connection) -> int:
     return con.execute("SELECT count(*) FROM comparisons WHERE source NOT IN ('import', 'ai')").fetchone()[0]
 
 
+def votes_held(con: Connection) -> int:
+    """Every vote the project holds, whoever cast it: what a round's training may rest on ([round] kl_per_vote)."""
+    return con.execute("SELECT count(*) FROM comparisons").fetchone()[0]
+
+
 def add_round(con: Connection, policy_from: int, reward_version: int | None, optimizer: str = "ppo", note: str | None = None) -> Round:
     """A running round; at its reward model's stage, or given a reward model, at its candidates'."""
     if (running := running_round(con)) is not None:

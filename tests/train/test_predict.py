@@ -67,7 +67,7 @@ def test_the_choice_is_the_best_rated_of_the_candidates_confidently_better_than_
     assert verdicts[0] == "rated below another: 62% [54%, 70%] over the start"
     assert verdicts[1] == "not predicted better than the start with confidence: 70% [48%, 88%] over the start"
     assert verdicts[2] == "registered, rated best: 66% [58%, 74%] over the start"
-    assert verdicts[3] == "over the KL budget: 25.0 nats from v0, [round] kl_budget 20"
+    assert verdicts[3] == "over the KL budget: 25.0 nats from v0, the round's allowance 20 ([round] kl_budget, kl_per_vote)"
     assert choose(candidates, kl_budget=0.0)[0] == 3  # no budget
     assert choose(candidates, kl_budget=20.0, register="best")[0] == 1  # the best rated, however sure
 
@@ -82,4 +82,4 @@ def test_with_register_average_the_average_is_chosen_whatever_is_predicted_unles
     chosen, verdicts = choose([prediction(0.48, 0.40, 0.56, kl=4.0)], kl_budget=20.0, register="average")
     assert chosen == 0 and verdicts == ["registered, the average: 48% [40%, 56%] over the start"]
     chosen, verdicts = choose([prediction(0.48, 0.40, 0.56, kl=21.0)], kl_budget=20.0, register="average")
-    assert chosen is None and verdicts == ["over the KL budget: 21.0 nats from v0, [round] kl_budget 20"]
+    assert chosen is None and verdicts == ["over the KL budget: 21.0 nats from v0, the round's allowance 20 ([round] kl_budget, kl_per_vote)"]

@@ -115,18 +115,20 @@ def test_ppo_trains_every_step_and_the_predictor_alone_holds_the_kl_budget(tiny_
     if chosen:
         assert kl_to_v0 <= 0.001 and verdict.startswith("registered, rated best: ") and (versions, policy_to) == (2, 1)
         assert "registered as v1" in done.stdout
-        assert cut is None or float(cut[1]) < 1 and "within [round] kl_budget" in done.stdout, (verdict, done.stdout)
+        assert cut is None or float(cut[1]) < 1 and "within the round's KL allowance" in done.stdout, (verdict, done.stdout)
     else:
         assert cut and float(cut[1]) < 1, verdict
         assert kl_to_v0 > 0.001 and verdict.startswith(f"over the KL budget: {kl_to_v0:.1f} nats from v0, at ")
         assert (versions, policy_to) == (1, None)
-        assert "nothing registered: over [round] kl_budget, so the round's votes carry over to the next" in done.stdout
+        assert "nothing registered: over the round's KL allowance ([round] kl_budget, kl_per_vote), so the round's votes carry over to the next" in done.stdout
 
 
-def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_registered_within_it(tiny_project):
+@pytest.mark.parametrize("limit", ["kl_budget", "kl_per_vote"])
+def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_registered_within_it(tiny_project, limit):
     """Issue 59: a round whose candidate went past [round] kl_budget registered nothing (the judge had rated two such
     candidates 67% and 81% over their start). Now the predictor scales the candidate's LoRA update down to inside the
-    budget, measures that policy's KL again on fresh answers, and rates and registers it if it is inside."""
+    budget, measures that policy's KL again on fresh answers, and rates and registers it if it is inside. The same
+    where the round's allowance is [round] kl_per_vote times the votes held, under a kl_budget far above it."""
     import shutil
 
     import torch
@@ -154,7 +156,12 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
         (whole,) = con.execute("SELECT kl_to_v0 FROM candidates").fetchone()
     assert whole > 0.1, "the longer answers' votes must move the policy for the cut to be seen"
     budget = whole / 2
-    set_settings(tiny_project, "round", kl_budget=budget)
+    if limit == "kl_budget":
+        set_settings(tiny_project, "round", kl_budget=budget)
+    else:
+        with closing(open_database(tiny_project / "tether.duckdb")) as con:
+            (votes,) = con.execute("SELECT count(*) FROM comparisons").fetchone()
+        set_settings(tiny_project, "round", kl_budget=whole * 10, kl_per_vote=budget / votes)
 
     done = run_tether("round", "--optimizer", "dpo", "--project", str(tiny_project))
     assert done.returncode == 0, done.stderr
@@ -180,12 +187,12 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
     # within the budget, and one it measured past it stays in the predictor's job, nothing registered.
     if chosen:
         assert kl_to_v0 <= budget and (versions, policy_to) == (2, 1)
-        assert verdict.startswith("registered, rated best: ") and f"at {scale:.2g} of its step from v0, within [round] kl_budget" in done.stdout
+        assert verdict.startswith("registered, rated best: ") and f"at {scale:.2g} of its step from v0, within the round's KL allowance" in done.stdout
         registered = load_file(tiny_project / load_project(tiny_project).run(get_policy, None).adapter_path / "adapter_model.safetensors")
         assert the_step_cut(registered)
     else:
         assert kl_to_v0 > budget and (versions, policy_to) == (1, None) and verdict.startswith("over the KL budget")
-        assert "nothing registered: over [round] kl_budget, so the round's votes carry over to the next" in done.stdout
+        assert "nothing registered: over the round's KL allowance ([round] kl_budget, kl_per_vote), so the round's votes carry over to the next" in done.stdout
         (cut,) = tiny_project.glob("jobs/*/within-budget-1/adapter_model.safetensors")
         assert the_step_cut(load_file(cut))
 

@@ -47,7 +47,7 @@ def choose(predictions: list[Prediction], kl_budget: float, register: str = "con
 
 
 def _over_budget(p: Prediction, kl_budget: float) -> str:
-    return f"over the KL budget: {p.kl_to_v0:.1f} nats from v0{_cut(p)}, [round] kl_budget {kl_budget:g}"
+    return f"over the KL budget: {p.kl_to_v0:.1f} nats from v0{_cut(p)}, the round's allowance {kl_budget:g} ([round] kl_budget, kl_per_vote)"
 
 
 def _figures(p: Prediction) -> str:

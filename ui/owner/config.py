@@ -176,6 +176,13 @@ class RoundConfig:
                           "again, and registered if inside: the judge had rated such candidates 67% to 81% over their start "
                           "when they were thrown away (scripts/BENCHMARKS.md). 0: no budget."},
     )
+    kl_per_vote: float = field(
+        default=0.0,
+        metadata={"help": "The most KL to v0 (nats) a round may register for each vote the project holds (people's, "
+                          "imported and the AI judge's), within [round] kl_budget: a round on a few noisy votes moves the policy a little, so that a draw that "
+                          "pulls the wrong way costs little, and a later round on more votes may go further. A candidate "
+                          "past it is pulled back as past kl_budget. 0: every round may use the whole kl_budget."},
+    )
     candidates: int = field(
         default=2,
         metadata={"help": "Policies a round trains from its start, from one initialisation, each with its own seed (its batches "
@@ -232,8 +239,8 @@ class RoundConfig:
             raise ValueError(f"held_back_share must be between 0 and 1, got {self.held_back_share}")
         if self.per_prompt < 1 or self.every_comparisons < 0:
             raise ValueError("per_prompt must be at least 1 and every_comparisons at least 0")
-        if self.kl_budget < 0:
-            raise ValueError(f"kl_budget must be 0 or more, got {self.kl_budget}")
+        if self.kl_budget < 0 or self.kl_per_vote < 0:
+            raise ValueError(f"kl_budget and kl_per_vote must be 0 or more, got {self.kl_budget} and {self.kl_per_vote}")
         if self.min_pairs < 1:
             raise ValueError(f"min_pairs must be at least 1, got {self.min_pairs}")
         if self.candidates < 1 or self.predictor_prompts < 1 or self.predictor_answers < 1:
@@ -244,6 +251,14 @@ class RoundConfig:
             raise ValueError(f"register must be one of {', '.join(REGISTER)}, got {self.register!r}")
         if self.start_from not in START_FROM:
             raise ValueError(f"start_from must be one of {', '.join(START_FROM)}, got {self.start_from!r}")
+
+
+    def kl_allowance(self, votes: int) -> float:
+        """The most KL to v0 a round begun after `votes` votes may register; 0: no limit."""
+        if not self.kl_per_vote:
+            return self.kl_budget
+        by_votes = self.kl_per_vote * votes
+        return min(self.kl_budget, by_votes) if self.kl_budget else by_votes
 
 
 @dataclass

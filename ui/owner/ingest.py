@@ -118,9 +118,10 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
     jobs = [job.id if p["job"] is None else p["job"] for p in result["predictions"]]  # None: the average, this job's
     averaged = result["average"] is not None
     register = "average" if averaged else "best" if settings.register == "average" else settings.register
-    chosen, verdicts = choose(predictions, settings.kl_budget, register)
+    config = parse_job_config(job.kind, job.config)
+    chosen, verdicts = choose(predictions, config.kl_budget, register)  # the round's allowance, as the predictor held it
     round_ = get_round(con, job.round)
-    parts = parse_job_config(job.kind, job.config).candidates
+    parts = config.candidates
     candidates = len(parts)
 
     def add_rows() -> None:
@@ -137,9 +138,9 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
         with transaction(con):
             add_rows()
             add_note(con, round_.id, f"no candidate registered: none of {candidates} was predicted better than v{round_.policy_from} "
-                                     "with confidence within [round] kl_budget, so the round's votes carry over to the next"
+                                     "with confidence within the round's KL allowance, so the round's votes carry over to the next"
                                      if register == "confident" else
-                                     "nothing registered: over [round] kl_budget, so the round's votes carry over to the next")
+                                     "nothing registered: over the round's KL allowance ([round] kl_budget, kl_per_vote), so the round's votes carry over to the next")
         return
     best, scaled = predictions[chosen], result["predictions"][chosen].get("adapter")  # scaled: pulled back within the budget
     if averaged:
@@ -149,7 +150,7 @@ def ingest_prediction(con: Connection, job: Job, directory: Path, result: dict[s
         adapter = directory / scaled if scaled else job_dir(project, made_by.id) / "policy"
         what = f"candidate {chosen + 1} of {candidates} (job {made_by.id})"
     if scaled:
-        what += f" at {best.scale:.2g} of its step from v0, within [round] kl_budget"
+        what += f" at {best.scale:.2g} of its step from v0, within the round's KL allowance"
     version = max(policy_versions(con)) + 1
     target = Path("policies") / f"v{version}"
 

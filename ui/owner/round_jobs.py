@@ -21,7 +21,7 @@ from store.jobs import Job, get_job
 from store.policies import Policy, dpo_jobs_behind, get_policy
 from store.prompts import Prompt, prompts_to_generate
 from store.reward_models import RewardModel, get_reward_model, list_reward_models, snapshot_path
-from store.rounds import Candidate, Round
+from store.rounds import Candidate, Round, votes_held
 from store.status import project_counts
 from store.votes import pairs_voted_by
 from train.common.config import DPOConfig, RewardModelConfig, data_seed
@@ -354,7 +354,7 @@ def submit_prediction(project: Project, run: Run, round_: Round, candidates: lis
     """Queue the round's predictor (train.policy.predict) on its candidates, or with [round] register = 'average' on their
     average alone: each one's win rate over the round's start by the round's reward model, on fresh answers of both to
     the first [round] predictor_prompts held-back prompts (by content, the same ones every round), [round]
-    predictor_answers each, and its KL to v0."""
+    predictor_answers each, and its KL to v0, held within the round's KL allowance ([round] kl_budget, kl_per_vote)."""
     settings = project.config.round
     start = run(get_policy, round_.policy_from)
     reward_model = run(get_reward_model, round_.reward_version)
@@ -375,7 +375,7 @@ def submit_prediction(project: Project, run: Run, round_: Round, candidates: lis
         start_adapter_path=_adapter(project, start),
         candidates=[CandidateAdapter(job=c.job, adapter_path=str(job_dir(project, c.job) / "policy")) for c in candidates],
         average=settings.register == "average" and len(candidates) > 1,
-        kl_budget=settings.kl_budget,
+        kl_budget=settings.kl_allowance(run(votes_held)),
         confidence=settings.predictor_confidence,
         draws=PREDICTOR_DRAWS,
         seed=round_.id,
