@@ -1,6 +1,7 @@
 """Rounds and simulated annotators on the tiny model: the whole loop, through the real CLI and worker."""
 
 import json
+import math
 import re
 from contextlib import closing
 
@@ -170,9 +171,9 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
         kl_to_v0, chosen, verdict = con.execute("SELECT kl_to_v0, chosen, verdict FROM candidates").fetchone()
         versions = con.execute("SELECT count(*) FROM policies").fetchone()[0]
         policy_to = con.execute("SELECT policy_to FROM rounds").fetchone()[0]
-    # Cut in proportion, to 0.9 of the budget: the same candidate as the unbounded round's, so its step's KL is `whole`,
-    # past the budget, and the pull-back is needed.
-    scale = KL_BUDGET_TARGET * budget / whole
+    # Cut to where a KL growing with the square of the share kept reads 0.9 of the budget: the same candidate as the
+    # unbounded round's, so its step's KL is `whole`, past the budget, and the pull-back is needed.
+    scale = math.sqrt(KL_BUDGET_TARGET * budget / whole)
     assert f"at {scale:.2g} of its step from v0 (the whole step: {whole:.1f} nats)" in verdict and kl_to_v0 != whole
     trained = load_file(tiny_project / "jobs" / str(dpo) / "policy" / "adapter_model.safetensors")
     assert any("lora_B" in key for key in trained)

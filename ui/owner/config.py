@@ -172,9 +172,10 @@ class RoundConfig:
                           "KL adds up round after round, as each round moves on from where the last one ended. No round "
                           "registers a candidate further than this on its answers to the predictor's prompts, whatever "
                           "its optimiser: the one measure of it, taken on prompts no candidate trained on. A candidate past "
-                          "it is pulled back along its step from v0 (its LoRA update scaled down) to 0.9 of it, measured "
-                          "again, and registered if inside: the judge had rated such candidates 67% to 81% over their start "
-                          "when they were thrown away (scripts/BENCHMARKS.md). 0: no budget."},
+                          "it is pulled back along its step from v0 (its LoRA update scaled down, as if its KL grew with "
+                          "the square of the share kept) to 0.9 of it, measured again, and registered if inside: the judge "
+                          "had rated such candidates 67% to 81% over their start when they were thrown away "
+                          "(scripts/BENCHMARKS.md). 0: no budget."},
     )
     kl_per_vote: float = field(
         default=0.0,
