@@ -172,8 +172,13 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
         versions = con.execute("SELECT count(*) FROM policies").fetchone()[0]
         policy_to = con.execute("SELECT policy_to FROM rounds").fetchone()[0]
     # Cut to where a KL growing with the square of the share kept reads 0.9 of the budget: the same candidate as the
-    # unbounded round's, so its step's KL is `whole`, past the budget, and the pull-back is needed.
-    scale = math.sqrt(KL_BUDGET_TARGET * budget / whole)
+    # unbounded round's, so its step's KL is `whole`, past the budget, and the pull-back is needed. A cut measured
+    # still past it is cut once more, shorter, but no shorter than in proportion to the KL.
+    (predict_job,) = tiny_project.glob("jobs/*/within-budget-1")
+    (prediction,) = json.loads((predict_job.parent / "result.json").read_text())["predictions"]
+    scale, first_cut = prediction["scale"], math.sqrt(KL_BUDGET_TARGET * budget / whole)
+    assert prediction["whole_kl"] == pytest.approx(whole) and (
+        scale == first_cut or KL_BUDGET_TARGET * budget / whole <= scale < first_cut)
     assert f"at {scale:.2g} of its step from v0 (the whole step: {whole:.1f} nats)" in verdict and kl_to_v0 != whole
     trained = load_file(tiny_project / "jobs" / str(dpo) / "policy" / "adapter_model.safetensors")
     assert any("lora_B" in key for key in trained)
@@ -194,8 +199,7 @@ def test_a_candidate_past_the_kl_budget_is_pulled_back_along_its_step_and_regist
     else:
         assert kl_to_v0 > budget and (versions, policy_to) == (1, None) and verdict.startswith("over the KL budget")
         assert "nothing registered: over the round's KL allowance ([round] kl_budget, kl_per_vote), so the round's votes carry over to the next" in done.stdout
-        (cut,) = tiny_project.glob("jobs/*/within-budget-1/adapter_model.safetensors")
-        assert the_step_cut(load_file(cut))
+        assert the_step_cut(load_file(predict_job / "adapter_model.safetensors"))
 
 
 def test_auto_runs_dpo_until_the_reward_model_steers_then_its_trusted_optimizer_and_says_why(tiny_project):

@@ -18,8 +18,8 @@ record):
    model the votes leave unsure of passes for certainty;
 5. KL: each candidate's KL to the starting model v0 on its own answers, for [round] kl_budget. A candidate past the
    budget is pulled back along its step from v0 (its LoRA update scaled down, `scale`) to just inside it, and that
-   policy is sampled, measured and rated instead: what a round learnt is kept in part rather than thrown away, and
-   the budget still holds, measured on fresh answers after the cut.
+   policy is sampled, measured and rated instead (cut once more if it measures past still): what a round learnt is
+   kept in part rather than thrown away, and the budget still holds, measured on fresh answers after the cut.
 
 Not the conservative reward (the mean less the heads' spread) that PPO optimises: it marks down
 every answer the reward model is unsure of, and a candidate's answers are the more unusual the
