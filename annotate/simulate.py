@@ -130,33 +130,30 @@ class UnreachableAgreement(ValueError):
 
 
 def noise_for_agreement(margins: list[float], agreement: float) -> float:
-    """The noise T at which votes on pairs with these judge margins side with the noiseless judge `agreement` of the time.
+    """The noise T at which votes on the pairs with these judge margins that it tells apart side with the noiseless
+    judge `agreement` of the time.
 
-    The expected agreement falls from its most at T -> 0 (every vote on a pair the judge tells
-    apart sides with it, a vote on a tie half the time) to 0.5 as T grows; so bracket the target,
-    then bisect on log T, since margins, and so T, may be of any scale.
+    Ties are left out: a vote on a pair the judge scores the same sides with it half the time at any T, so counted in
+    they would cap the agreement a judge can be given (`polite` ties 65% of the default model's pairs: 67.4% at most).
+    The expected agreement falls from 1 at T -> 0 to 0.5 as T grows; so bracket the target, then bisect on log T, since
+    margins, and so T, may be of any scale.
     """
     if not margins:
         raise UnreachableAgreement("no two answers to the same prompt to set the noise on")
-    ties = sum(m == 0 for m in margins) / len(margins)
-    most = 1 - ties / 2
-    if agreement <= 0.5:
-        raise UnreachableAgreement(f"agreement must be above 0.5, got {agreement}: votes that side with the judge half the "
-                                   f"time are coin flips, and no noise makes them side with it less")
-    if agreement >= most:
-        raise UnreachableAgreement(
-            f"agreement {agreement} cannot be reached: the judge scores {ties:.0%} of the {len(margins)} pairs the same, and a vote "
-            f"on a tie sides with it only half the time, so even noiseless votes agree {most:.1%} of the time at most"
-        )
-    apart = sorted(abs(m) for m in margins if m != 0)
-    low = high = apart[len(apart) // 2]  # the median margin: T is of its scale
-    while expected_agreement(margins, low) < agreement:
+    if not 0.5 < agreement < 1:
+        raise UnreachableAgreement(f"agreement must be above 0.5 and below 1, got {agreement}: votes that side with the judge "
+                                   f"half the time are coin flips, and those that always do have noise 0")
+    apart = [m for m in margins if m != 0]
+    if not apart:
+        raise UnreachableAgreement("the judge scores every pair the same: there is nothing for votes to side with")
+    low = high = sorted(map(abs, apart))[len(apart) // 2]  # the median margin: T is of its scale
+    while expected_agreement(apart, low) < agreement:
         low /= 2
-    while expected_agreement(margins, high) > agreement:
+    while expected_agreement(apart, high) > agreement:
         high *= 2
     for _ in range(60):
         middle = math.sqrt(low * high)
-        if expected_agreement(margins, middle) > agreement:
+        if expected_agreement(apart, middle) > agreement:
             low = middle
         else:
             high = middle

@@ -315,16 +315,11 @@ def judged(answers: Answers, judge_name: str) -> list[float]:
     return [judge(last_user_message(answers.prompts[i // ANSWERS_PER_PROMPT]), text) for i, text in enumerate(answers.texts)]
 
 
-def noise_for(pairs: list[tuple[int, int, int]], scores: list[float], agreement: float) -> tuple[float, str]:
-    """simulate's noise T for the training pairs at `agreement`; where ties put it out of reach, the T at which votes on
-    the pairs the judge tells apart side with it that often. And which it is."""
-    from annotate.simulate import UnreachableAgreement, noise_for_agreement
+def noise_for(pairs: list[tuple[int, int, int]], scores: list[float], agreement: float) -> float:
+    """simulate's noise T for the training pairs at `agreement` (on the pairs the judge tells apart)."""
+    from annotate.simulate import noise_for_agreement
 
-    margins = [scores[a] - scores[b] for _, a, b in pairs]
-    try:
-        return noise_for_agreement(margins, agreement), "all pairs"
-    except UnreachableAgreement:
-        return noise_for_agreement([m for m in margins if m], agreement), "untied pairs only"
+    return noise_for_agreement([scores[a] - scores[b] for _, a, b in pairs], agreement)
 
 
 def run_arm(name: str, args: argparse.Namespace) -> None:
@@ -340,7 +335,7 @@ def run_arm(name: str, args: argparse.Namespace) -> None:
         scores = judged(answers, judge_name)
         if name == "ceiling":  # fitted to each judge's own scores
             fit = ceiling_arm(answers, scores)
-        noise, _ = noise_for(pairs, scores, args.agreement)
+        noise = noise_for(pairs, scores, args.agreement)
         truth = [scores[i] for i in held]
         for votes in map(int, (args.lora_votes if lora else args.votes).split(",")):
             for draw in range(draws):
@@ -456,9 +451,9 @@ def main() -> None:
           f"votes at agreement {args.agreement} on pairs of the {len(pairs)} of the training prompts")
     for judge_name in judges:
         scores = judged(answers, judge_name)
-        noise, basis = noise_for(pairs, scores, args.agreement)
+        noise = noise_for(pairs, scores, args.agreement)
         ties = sum(scores[a] == scores[b] for _, a, b in pairs) / len(pairs)
-        print(f"  {judge_name}: T = {noise:.3g} ({basis}); the judge ties {ties:.0%} of the training pairs")
+        print(f"  {judge_name}: T = {noise:.3g}; the judge ties {ties:.0%} of the training pairs")
     results = {name: measure(name, args) for name in args.arms.split(",")}
     print("\n".join(summary_table(results, judges, [int(n) for n in args.votes.split(",")])))
     print(f"each fit is in {args.results}; --report prints the table of every run there")

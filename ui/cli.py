@@ -278,7 +278,8 @@ def rollback(version: int, project_dir: Path):
               help=f"Built-in ({', '.join(BUILT_IN)}; all but concise are length-neutral), module:FUNC or PATH.py:FUNC: "
                    f"FUNC(prompt, completion) -> float, higher is better.")
 @click.option("--agreement", type=click.FloatRange(0.5, 1, min_open=True, max_open=True), default=0.7, show_default=True,
-              help="Share of votes that side with the judge on the starting policy's pairs; it sets the noise T. "
+              help="Share of votes that side with the judge on the starting policy's pairs it does not tie (a vote on a tie "
+                   "sides with it half the time); it sets the noise T. "
                    "0.7 is how often careful human labellers agree with each other.")
 @click.option("--noise", type=click.FloatRange(min=0),
               help="T: an annotator prefers A with probability sigmoid((judge(A) - judge(B)) / T); 0 never errs. "
@@ -313,8 +314,9 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
              judge_candidates: bool, baseline: int | None, project_dir: Path):
     """Run the loop with simulated annotators: votes from a judge plus noise, then a round, again and again.
 
-    The noise is set so that votes on pairs of the starting policy's evaluation answers side with
-    the judge --agreement of the time, as people's do with each other; it prints the T chosen. The
+    The noise is set so that votes on pairs of the starting policy's evaluation answers that the
+    judge tells apart side with it --agreement of the time, as people's do with each other; it
+    prints the T chosen. The
     simulated annotators take pairs from the same queue, and vote through the same path, as
     people in the app; when the queue runs dry the newest policy answers more prompts. After
     each round the judge compares the new policy with the starting one and with its parent on

@@ -17,26 +17,30 @@ def measured_agreement(margins: list[float], noise: float, rng: random.Random, r
     return sided / (rounds * len(margins))
 
 
-def test_the_noise_chosen_for_an_agreement_gives_votes_that_agree_that_often():
+def test_the_noise_chosen_for_an_agreement_gives_votes_that_agree_that_often_where_the_judge_tells_apart():
     rng = random.Random(0)
     # Margins of many scales, and a share of ties, as a judge gives on real answers.
-    margins = [rng.gauss(0, 3) for _ in range(150)] + [rng.expovariate(1 / 30) for _ in range(30)] + [0.0] * 20
+    apart = [rng.gauss(0, 3) for _ in range(150)] + [rng.expovariate(1 / 30) for _ in range(30)]
+    margins = apart + [0.0] * 20
     for agreement in (0.6, 0.7, 0.85):
         noise = noise_for_agreement(margins, agreement)
-        assert expected_agreement(margins, noise) == pytest.approx(agreement, abs=1e-6)
-        assert measured_agreement(margins, noise, rng, rounds=50) == pytest.approx(agreement, abs=0.02)
+        assert expected_agreement(apart, noise) == pytest.approx(agreement, abs=1e-6)
+        assert measured_agreement(apart, noise, rng, rounds=50) == pytest.approx(agreement, abs=0.02)
+        # On all pairs, the ties' coin flips draw it towards a half.
+        assert expected_agreement(margins, noise) == pytest.approx((180 * agreement + 20 * 0.5) / 200, abs=1e-6)
     assert noise_for_agreement(margins, 0.6) > noise_for_agreement(margins, 0.7) > noise_for_agreement(margins, 0.85)
     # The judge's scale sets the noise's: ten times the margins, ten times the noise.
     assert noise_for_agreement([10 * m for m in margins], 0.7) == pytest.approx(10 * noise_for_agreement(margins, 0.7), rel=1e-6)
 
 
-def test_an_agreement_no_noise_can_give_is_refused_with_why():
-    half_tied = [1.0, -2.0, 0.0, 0.0]  # noiseless votes agree 1 + 1 + 0.5 + 0.5 of 4 times: 75%
-    with pytest.raises(UnreachableAgreement, match=r"scores 50% of the 4 pairs the same.*75\.0% of the time at most"):
-        noise_for_agreement(half_tied, 0.8)
-    assert expected_agreement(half_tied, noise_for_agreement(half_tied, 0.7)) == pytest.approx(0.7)
-    with pytest.raises(UnreachableAgreement, match="must be above 0.5"):
-        noise_for_agreement(half_tied, 0.5)
+def test_ties_do_not_cap_the_agreement_and_an_agreement_no_noise_can_give_is_refused_with_why():
+    mostly_tied = [1.0, -2.0, 0.0, 0.0, 0.0, 0.0]  # counted in, the ties would hold noiseless votes to 66.7%
+    assert expected_agreement([1.0, -2.0], noise_for_agreement(mostly_tied, 0.8)) == pytest.approx(0.8)
+    for out_of_reach in (0.5, 1.0):
+        with pytest.raises(UnreachableAgreement, match="must be above 0.5 and below 1"):
+            noise_for_agreement(mostly_tied, out_of_reach)
+    with pytest.raises(UnreachableAgreement, match="scores every pair the same"):
+        noise_for_agreement([0.0, 0.0], 0.7)
     with pytest.raises(UnreachableAgreement, match="no two answers to the same prompt"):
         noise_for_agreement([], 0.7)
 

@@ -192,14 +192,16 @@ def _judged_candidates(project: Project, sim: Simulation, round_: Round, start_a
 
 def with_noise(sim: Simulation, margins: list[float], version: int, say: Callable[[str], None]) -> Simulation:
     """The simulation with its noise T: as given, or the T at which votes on these pairs (the starting policy's) side
-    with the judge sim.agreement of the time; saying which, and the agreement expected of it."""
+    with the judge sim.agreement of the time where it tells them apart; saying which, and the agreement expected of it."""
     pairs = f"v{version}'s {len(margins)} pairs of answers to the same evaluation prompt"
     if sim.noise is not None:
         expected = f": votes on {pairs} would side with the judge {expected_agreement(margins, sim.noise):.1%} of the time" if margins else ""
         say(f"noise T = {sim.noise:g}, as given{expected}")
         return sim
     noise = noise_for_agreement(margins, sim.agreement)
-    say(f"noise T = {noise:.3g}: votes on {pairs} side with the judge {sim.agreement:.1%} of the time at it")
+    ties = sum(m == 0 for m in margins) / len(margins)
+    say(f"noise T = {noise:.3g}: votes on {pairs} side with the judge {sim.agreement:.1%} of the time at it on those it tells "
+        f"apart ({ties:.0%} tied), {expected_agreement(margins, noise):.1%} on all, a vote on a tie siding with it half the time")
     return dataclasses.replace(sim, noise=noise)
 
 
