@@ -200,8 +200,8 @@ def with_noise(sim: Simulation, margins: list[float], version: int, say: Callabl
         return sim
     noise = noise_for_agreement(margins, sim.agreement)
     ties = sum(m == 0 for m in margins) / len(margins)
-    say(f"noise T = {noise:.3g}: votes on {pairs} side with the judge {sim.agreement:.1%} of the time at it on those it tells "
-        f"apart ({ties:.0%} tied), {expected_agreement(margins, noise):.1%} on all, a vote on a tie siding with it half the time")
+    say(f"noise T = {noise:.3g}: at it votes on {pairs} side with the judge {sim.agreement:.1%} of the time where it tells "
+        f"them apart ({ties:.0%} are tied; on all, {expected_agreement(margins, noise):.1%}, a vote on a tie siding with it half the time)")
     return dataclasses.replace(sim, noise=noise)
 
 
