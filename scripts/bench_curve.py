@@ -58,6 +58,10 @@ LOOP_VARIANTS = {
     # A round's KL to v0 held to 0.02 nats a vote: 1.9 at 96 votes, half what the served round 1s took (4.1 and 6.1 by
     # the predictor), 5.8 at 288 and 17 at 864, near the whole budget: it bites where the votes are fewest.
     "kl-by-votes": {"round": {"kl_per_vote": 0.02}},
+    # The reward model steers from round 1 (its ranked DPO pairs, the active queue), not once it has predicted held-out
+    # votes above chance: at 70% agreement that proof takes about 300 votes, while the head's best-of-8 pick on v0's
+    # answers ranked 0.68 by `direct` from 96 (bench_rm_votes.py).
+    "trust-always": {"reward_model": {"trust": "always"}},
 }
 ARM_NAMES = (*ARMS, *(f"offline-trl:{setting}" for setting in TRL_SETTINGS), *(f"loop:{variant}" for variant in LOOP_VARIANTS))
 
