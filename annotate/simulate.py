@@ -145,7 +145,7 @@ def noise_for_agreement(margins: list[float], agreement: float) -> float:
                                    f"half the time are coin flips, and those that always do have noise 0")
     apart = [m for m in margins if m != 0]
     if not apart:
-        raise UnreachableAgreement("the judge scores every pair the same: there is nothing for votes to side with")
+        raise UnreachableAgreement(f"the judge scores all {len(margins)} pairs the same: there is nothing for votes to side with")
     low = high = sorted(map(abs, apart))[len(apart) // 2]  # the median margin: T is of its scale
     while expected_agreement(apart, low) < agreement:
         low /= 2

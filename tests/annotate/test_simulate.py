@@ -39,7 +39,7 @@ def test_ties_do_not_cap_the_agreement_and_an_agreement_no_noise_can_give_is_ref
     for out_of_reach in (0.5, 1.0):
         with pytest.raises(UnreachableAgreement, match="must be above 0.5 and below 1"):
             noise_for_agreement(mostly_tied, out_of_reach)
-    with pytest.raises(UnreachableAgreement, match="scores every pair the same"):
+    with pytest.raises(UnreachableAgreement, match="scores all 2 pairs the same"):
         noise_for_agreement([0.0, 0.0], 0.7)
     with pytest.raises(UnreachableAgreement, match="no two answers to the same prompt"):
         noise_for_agreement([], 0.7)

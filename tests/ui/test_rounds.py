@@ -588,7 +588,7 @@ def test_simulate_judges_enough_answers_and_refuses_an_agreement_its_judge_canno
     assert result.returncode == 1 and "Traceback" not in result.stderr
     # 39 answers to each of 5 prompts: 195 against the starting policy's 195, at least 192 a round.
     assert "sampling 39 answers from v0 to each of 5 evaluation prompts" in result.stdout
-    assert "the judge scores 100% of the 3705 pairs the same" in result.stderr and "give --noise" in result.stderr
+    assert "the judge scores all 3705 pairs the same: there is nothing for votes to side with" in result.stderr and "give --noise" in result.stderr
 
 
 def test_a_restart_fails_the_rounds_whose_jobs_nobody_runs_and_keeps_those_with_a_job_queued(tmp_path):
