@@ -318,8 +318,8 @@ def simulate(judge_spec: str, agreement: float, noise: float | None, annotators:
     judge tells apart side with it --agreement of the time, as people's do with each other; it
     prints the T chosen. The simulated annotators take pairs from the same queue, and vote
     through the same path, as people in the app; when the queue runs dry the newest policy
-    answers more prompts. After each round the judge compares the new policy with the starting one and with its parent on
-    the evaluation prompts, and the round's line says how often its votes sided with the judge,
+    answers more prompts. After each round the judge compares the new policy with the starting
+    one and with its parent on the evaluation prompts, and the round's line says how often its votes sided with the judge,
     the KL to the starting model on the new policy's evaluation answers, the share of answers
     that ended, and where its time went. At the end the last round's pairs get votes too, and
     the round table of `tether rounds` follows. On a project with rounds already it goes on
