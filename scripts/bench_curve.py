@@ -62,6 +62,10 @@ LOOP_VARIANTS = {
     # votes above chance: at 70% agreement that proof takes about 300 votes, while the head's best-of-8 pick on v0's
     # answers ranked 0.68 by `direct` from 96 (bench_rm_votes.py).
     "trust-always": {"reward_model": {"trust": "always"}},
+    # The same at the random queue's generation cost: a prompt's pairs are matched from as many answers as a random pick
+    # samples, most disputed first (annotate.pairs.most_disputed), not each chosen from 4 answers. On 21 training prompts a
+    # round wants 4 to 23 pairs of each, so the matching still chooses; trust-always's queue took 1,760 s of its 6,055.
+    "trust-always-matched": {"reward_model": {"trust": "always"}, "queue": {"candidates": 2}},
 }
 ARM_NAMES = (*ARMS, *(f"offline-trl:{setting}" for setting in TRL_SETTINGS), *(f"loop:{variant}" for variant in LOOP_VARIANTS))
 
