@@ -239,6 +239,7 @@ def test_dpo_learns_each_vote_and_imported_preference_once_through_rollbacks(tin
     assert {r["pair_id"] for r in read_parquet(restored.root / "jobs" / str(job.id) / "inputs" / "preferences.parquet")} == voted
 
 
+@pytest.mark.deep  # two rounds; one DPO round stays in the quick tier
 def test_a_refit_round_trains_a_new_adapter_from_v0_on_every_vote_so_far(tiny_project, tiny_model_dir, tmp_path):
     """[dpo] refit (the default): the second round's DPO learns the first round's votes with its own, from v0, not from
     v1's adapter; and it trains only where there is a vote its start has not learnt."""

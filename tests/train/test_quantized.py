@@ -53,6 +53,7 @@ def is_quantised(model) -> bool:
     return any(isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) for m in model.modules())
 
 
+@pytest.mark.deep  # every job on a quantised base; the quick tier trains and loads adapters on 4-bit below
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
 def test_every_job_registers_its_result_on_a_quantised_base(tiny_project, tmp_path, quantization):
     """Through the CLI: a simulated PPO round (generation, the reward model, PPO, and the evaluation's sampling of
@@ -276,10 +277,10 @@ def test_where_bitsandbytes_cannot_quantise_on_this_cpu_the_setting_is_named(mon
     check_runs_here(ModelConfig(quantization="none", device="cpu"))
 
 
+@pytest.mark.deep  # three commands a case; the CPU's own refusal is named in the quick tier, above
 @pytest.mark.parametrize("quantization, fake, message", [
     ("4bit", 'raise ImportError("No module named bitsandbytes")', '[model] quantization = "4bit" needs bitsandbytes, which does not import here'),
-    pytest.param("8bit", '__version__ = "0.42.0"', '[model] quantization = "8bit" needs bitsandbytes 0.46.1 or later, and this environment has 0.42.0',
-                 marks=pytest.mark.deep),
+    ("8bit", '__version__ = "0.42.0"', '[model] quantization = "8bit" needs bitsandbytes 0.46.1 or later, and this environment has 0.42.0'),
 ])
 def test_where_bitsandbytes_cannot_run_quantization_is_refused_in_one_line_and_nothing_is_registered(
         tiny_project, tmp_path, quantization, fake, message):

@@ -193,6 +193,7 @@ def test_job_inputs_are_frozen_by_their_hashes(tmp_path):
         read_job(tmp_path / "job")
 
 
+@pytest.mark.deep
 def test_a_module_named_like_the_standard_librarys_where_tether_runs_does_not_reach_the_worker(tiny_project, tmp_path):
     here = tmp_path / "elsewhere"
     here.mkdir()

@@ -169,7 +169,7 @@ def block_reward_models(directory: Path) -> None:
 @pytest.mark.parametrize("fault, error", [
     (break_events, "JSONDecodeError"),
     pytest.param(remove_directory, "FileNotFoundError", marks=pytest.mark.deep),  # a result lost, as break_events
-    (block_reward_models, "FileExistsError"),  # raised by the ingest, after the worker succeeded
+    pytest.param(block_reward_models, "FileExistsError", marks=pytest.mark.deep),  # raised by the ingest, after the worker succeeded
 ])
 def test_a_fault_in_a_job_fails_that_job_and_the_runner_registers_the_next(project, fault, error, capsys):
     broken, directory = queue_reward_training(project)

@@ -136,6 +136,7 @@ def test_a_reward_model_steers_once_the_version_it_continued_predicted_new_votes
         RewardModelConfig(trust="sometimes")
 
 
+@pytest.mark.deep  # the warm start itself is in the quick tier: tests/train/test_reward.py
 def test_the_next_rm_train_warm_starts_on_the_new_votes_and_measures_the_old_version_on_them(tiny_project, tiny_model_dir, tmp_path):
     from train.reward.versions import load_reward_model
     from train.reward.votes import split_by_prompt
