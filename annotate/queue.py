@@ -78,7 +78,8 @@ class QueueConfig:
         default=4,
         metadata={"help": "With 'active' and a reward model that steers: answers sampled for each pair to annotate, of "
                           "which the reward model picks the two its heads disagree on most. More finds more informative pairs for more "
-                          "generation time; 2 leaves the choice to chance."},
+                          "generation time; 2 samples no more than random pairs, and the heads then choose only how a prompt's answers are "
+                          "matched into its pairs."},
     )
     answers_per_task: int = field(
         default=2,
